@@ -1,0 +1,141 @@
+//! The API's response shapes (`completions.openapi.yaml`), field for field.
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// A stop sequence matched.
+    Stop,
+    /// The model produced its end-of-generation token.
+    Eos,
+    /// `max_tokens` or the context window was reached.
+    Length,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct LogprobsPart {
+    pub tokens: Vec<String>,
+    pub token_ids: Vec<i32>,
+    /// `None` only for a prompt's first token, which has no context.
+    pub token_logprobs: Vec<Option<f32>>,
+    /// One map per position when `logprobs` > 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top_logprobs: Option<Vec<BTreeMap<String, f32>>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Choice {
+    pub text: String,
+    pub index: u32,
+    pub seed: u32,
+    pub finish_reason: FinishReason,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<LogprobsPart>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PromptPart {
+    pub text: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<LogprobsPart>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub total_tokens: u32,
+}
+
+impl Usage {
+    pub fn new(prompt_tokens: u32, completion_tokens: u32) -> Usage {
+        Usage {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CompletionResponse {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<Choice>,
+    pub prompt: Vec<PromptPart>,
+    pub usage: Usage,
+}
+
+/// One Server-Sent Event of a stream (`CompletionChunk`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CompletionChunk {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub token: ChunkToken,
+    pub choices: Vec<ChunkChoice>,
+    pub finish_reason: Option<FinishReason>,
+    pub usage: Option<Usage>,
+    pub seed: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChunkToken {
+    pub id: i32,
+    pub text: String,
+    pub logprob: f32,
+    pub special: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChunkChoice {
+    pub index: u32,
+    pub text: String,
+    pub delta: ChunkDelta,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChunkDelta {
+    pub role: &'static str,
+    pub token_id: i32,
+    pub content: String,
+}
+
+/// Identity shared by a response or all chunks of one stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResponseHeader {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+}
+
+impl ResponseHeader {
+    pub fn new(model: &str) -> ResponseHeader {
+        let created = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        ResponseHeader {
+            id: format!("cmpl-{:016x}{:016x}", random_u64(), random_u64()),
+            created,
+            model: model.to_string(),
+        }
+    }
+}
+
+/// Random bits from the std hasher's per-process keys: enough for ids and
+/// default seeds, without a crate for it.
+pub fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}

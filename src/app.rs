@@ -1,0 +1,195 @@
+//! Wires the stages: cli → request → engine → printer. Returns the exit status.
+
+use crate::api::ResponseHeader;
+use crate::cli::{self, Cli};
+use crate::engine::{Engine, LoadOptions, RunOptions};
+use crate::error::{CmplError, ErrorKind, Result};
+use crate::input::{self, Input};
+use crate::printer::{Format, Printer};
+use crate::request::{self, Request};
+use crate::signal::INTERRUPTED;
+use clap::Parser;
+use std::io::{IsTerminal, Write};
+
+pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
+    crate::signal::install();
+    let args = cli::normalize_args(args);
+    // Whether to answer errors in JSON, known even when parsing fails.
+    let json_flag = args.iter().any(|a| a == "--json");
+    let cli = match Cli::try_parse_from(&args) {
+        Ok(cli) => cli,
+        Err(e) => return clap_error(e, json_flag),
+    };
+    if cli.version {
+        println!("{}", cli::version_text());
+        return 0;
+    }
+    let mut json = cli.json;
+    match run(&cli, &mut json) {
+        Ok(()) => 0,
+        Err(e) => report(&e, json),
+    }
+}
+
+/// Prints `e` (stderr always; `ErrorData` on stdout in JSON mode) and returns its exit status.
+pub fn report(e: &CmplError, json: bool) -> i32 {
+    match e.kind {
+        ErrorKind::OutputClosed => return 0,
+        ErrorKind::Interrupted => return 130,
+        _ => {}
+    }
+    if json {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{}", e.to_error_data());
+        let _ = out.flush();
+    }
+    eprintln!("cmpl: error: {e}");
+    e.kind.exit_code()
+}
+
+fn clap_error(e: clap::Error, json: bool) -> i32 {
+    use clap::error::ErrorKind as K;
+    match e.kind() {
+        K::DisplayHelp | K::DisplayVersion | K::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            0
+        }
+        _ => {
+            if json {
+                let param = e
+                    .get(clap::error::ContextKind::InvalidArg)
+                    .map(|a| a.to_string())
+                    .unwrap_or_else(|| "argv".to_string());
+                let first = e.to_string();
+                let message = first
+                    .lines()
+                    .next()
+                    .unwrap_or("invalid arguments")
+                    .trim_start_matches("error: ");
+                let err = CmplError::invalid(&param, message.to_string());
+                println!("{}", err.to_error_data());
+            }
+            let _ = e.print();
+            2
+        }
+    }
+}
+
+fn run(cli: &Cli, json: &mut bool) -> Result<()> {
+    let (base, came_as_json) = match input::read(cli)? {
+        Input::Json(raw) => (raw, true),
+        Input::Text(prompt) => {
+            let mut raw = request::RawRequest::default();
+            raw.set("prompt", serde_json::Value::String(prompt));
+            (raw, false)
+        }
+        Input::Nothing => (request::RawRequest::default(), false),
+    };
+    *json |= came_as_json;
+    let raw = base.overlay(request::from_flags(cli)?);
+    let request = Request::validate(&raw)?;
+    let model = crate::models::resolve(request.model.as_deref())?;
+
+    let engine = load(&model.path, cli)?;
+    let format = match (*json, request.stream) {
+        (false, _) => Format::Text,
+        (true, false) => Format::Json,
+        (true, true) => Format::Sse,
+    };
+    let mut job = engine.prepare(request.clone(), cli.ctx_size)?;
+    job.token_logprob = format == Format::Sse;
+    let opts = RunOptions {
+        parallel: request.n,
+        cells: job.cells(),
+    };
+    check_memory(&engine, opts.cells)?;
+
+    let stdout = std::io::stdout();
+    let tty = stdout.is_terminal();
+    let mut printer = Printer::new(
+        stdout.lock(),
+        format,
+        ResponseHeader::new(&model.name),
+        &request,
+        tty,
+    );
+    let outcome = engine.run(vec![job], &opts, &INTERRUPTED, &mut |event| {
+        printer.event(event)
+    });
+    match outcome {
+        Ok(()) => printer.finish(),
+        Err(e) => {
+            printer.abort();
+            Err(e)
+        }
+    }
+}
+
+/// Loads the model, with a progress bar while stderr is a terminal.
+fn load(path: &std::path::Path, cli: &Cli) -> Result<Engine> {
+    let opts = LoadOptions {
+        threads: cli.threads,
+        n_gpu_layers: cli.n_gpu_layers,
+        verbose: cli.verbose,
+    };
+    let bar = (std::io::stderr().is_terminal() && !cli.verbose).then(|| {
+        let bar = indicatif::ProgressBar::with_draw_target(
+            Some(1000),
+            indicatif::ProgressDrawTarget::stderr(),
+        );
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("loading model {bar:30} {percent:>3}%")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar
+    });
+    let progress_bar = bar.clone();
+    let engine = Engine::load(path, &opts, move |p| {
+        if let Some(bar) = &progress_bar {
+            bar.set_position((p * 1000.0) as u64);
+        }
+    });
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    if INTERRUPTED.load(std::sync::atomic::Ordering::Relaxed) {
+        return Err(CmplError::interrupted());
+    }
+    engine
+}
+
+/// Refuses a KV cache that would not fit in memory, before allocating it.
+fn check_memory(engine: &Engine, cells: u32) -> Result<()> {
+    let Some(need) = engine.kv_bytes(cells) else {
+        return Ok(());
+    };
+    let Some(available) = available_memory() else {
+        return Ok(());
+    };
+    if need > available {
+        return Err(CmplError::context(format!(
+            "this request needs {} of KV cache ({cells} tokens) but only {} of memory is available; lower n, max_tokens or --ctx-size",
+            human_bytes(need),
+            human_bytes(available)
+        )));
+    }
+    Ok(())
+}
+
+fn available_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+fn human_bytes(bytes: u64) -> String {
+    const GIB: f64 = (1u64 << 30) as f64;
+    const MIB: f64 = (1u64 << 20) as f64;
+    let b = bytes as f64;
+    if b >= GIB {
+        format!("{:.1} GiB", b / GIB)
+    } else {
+        format!("{:.0} MiB", b / MIB)
+    }
+}

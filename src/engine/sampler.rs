@@ -1,0 +1,46 @@
+//! The sampler chain for one choice, built from the request.
+
+use crate::request::Sampling;
+use llama_cpp_2::sampling::LlamaSampler;
+use llama_cpp_2::token::logit_bias::LlamaLogitBias;
+use llama_cpp_2::token::LlamaToken;
+
+/// Order: penalties, logit_bias, top-k, top-p, min-p, temperature, then a
+/// seeded draw; temperature 0 is a plain argmax (deterministic, no RNG).
+/// `window` is how many past tokens the penalties look at: all of them.
+pub fn chain(s: &Sampling, n_vocab: i32, seed: u32, window: i32) -> LlamaSampler {
+    let mut stages = Vec::new();
+    if s.repetition_penalty != 1.0 || s.presence_penalty != 0.0 || s.frequency_penalty != 0.0 {
+        stages.push(LlamaSampler::penalties(
+            n_vocab,
+            window,
+            s.repetition_penalty,
+            s.frequency_penalty,
+            s.presence_penalty,
+        ));
+    }
+    if !s.logit_bias.is_empty() {
+        let biases: Vec<LlamaLogitBias> = s
+            .logit_bias
+            .iter()
+            .map(|&(id, bias)| LlamaLogitBias::new(LlamaToken(id as i32), bias))
+            .collect();
+        stages.push(LlamaSampler::logit_bias(n_vocab, &biases));
+    }
+    if s.temperature == 0.0 {
+        stages.push(LlamaSampler::greedy());
+        return LlamaSampler::chain_simple(stages);
+    }
+    if s.top_k > 0 {
+        stages.push(LlamaSampler::top_k(s.top_k as i32));
+    }
+    if s.top_p < 1.0 {
+        stages.push(LlamaSampler::top_p(s.top_p, 1));
+    }
+    if s.min_p > 0.0 {
+        stages.push(LlamaSampler::min_p(s.min_p, 1));
+    }
+    stages.push(LlamaSampler::temp(s.temperature));
+    stages.push(LlamaSampler::dist(seed));
+    LlamaSampler::chain_simple(stages)
+}

@@ -1,0 +1,447 @@
+//! The decode loop. Jobs (requests) take sequence slots in one llama.cpp
+//! context; each step decodes the next token of every running choice in one
+//! batch, and a finished job's slots go to the next job (continuous batching).
+//! A single request is the one-job case.
+
+use super::logprobs::{log_sum_exp, top_k};
+use super::{sampler, Engine, Job};
+use crate::api::{Choice, FinishReason, LogprobsPart};
+use crate::error::{CmplError, Result};
+use crate::stop::StopMatcher;
+use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::sampling::LlamaSampler;
+use llama_cpp_2::token::LlamaToken;
+use std::collections::VecDeque;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Prompt tokens per decode call. Smaller when every position's logits are
+/// kept (echo with logprobs), since each costs a vocabulary of floats.
+const PROMPT_CHUNK: usize = 512;
+const PROMPT_CHUNK_ALL_LOGITS: usize = 32;
+
+/// One token as the outputs show it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenInfo {
+    pub id: i32,
+    /// The token's text, special tokens written out (`<eos>`).
+    pub text: String,
+    /// Under the raw distribution; `None` when not computed or without context.
+    pub logprob: Option<f32>,
+    /// The most likely alternatives at this position, best first.
+    pub top: Vec<(String, f32)>,
+    pub special: bool,
+}
+
+/// What the loop reports, in order, to the caller's sink.
+pub enum Event<'a> {
+    /// A job's prompt was evaluated. `prompt` holds its tokens when echoed.
+    Started {
+        job: usize,
+        prompt_tokens: u32,
+        prompt: Option<&'a [TokenInfo]>,
+    },
+    /// A choice produced a token. `text` is what became final with it (the
+    /// stop matcher may hold text back, or release several tokens' worth).
+    Token {
+        job: usize,
+        choice: u32,
+        seed: u32,
+        token: &'a TokenInfo,
+        text: &'a str,
+        /// Set on the choice's last token.
+        finish: Option<FinishReason>,
+        completion_tokens: u32,
+    },
+    /// Every choice of the job finished.
+    Done { job: usize, result: JobResult },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobResult {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    /// With echo: the prompt's tokens (and logprobs when asked).
+    pub prompt_logprobs: Option<LogprobsPart>,
+    pub choices: Vec<Choice>,
+}
+
+pub struct RunOptions {
+    /// Sequences decoded together (slots).
+    pub parallel: u32,
+    /// KV cache cells of the context.
+    pub cells: u32,
+}
+
+struct ChoiceState {
+    job: usize,
+    index: u32,
+    seq: i32,
+    seed: u32,
+    sampler: LlamaSampler,
+    matcher: StopMatcher,
+    /// Sampled but not yet decoded; decoded at `pos` in the next step.
+    next: LlamaToken,
+    pos: i32,
+    generated: u32,
+    text: String,
+    tokens: Vec<TokenInfo>,
+}
+
+struct JobState {
+    job: Job,
+    running: u32,
+    prompt_logprobs: Option<LogprobsPart>,
+    choices: Vec<Option<Choice>>,
+    completion_tokens: u32,
+}
+
+type Sink<'s> = dyn FnMut(Event) -> Result<()> + 's;
+
+impl Engine {
+    /// Runs `jobs` to completion, reporting to `sink`. Stops with an
+    /// `Interrupted` error as soon as `interrupted` is set.
+    pub fn run(
+        &self,
+        jobs: Vec<Job>,
+        opts: &RunOptions,
+        interrupted: &AtomicBool,
+        sink: &mut Sink,
+    ) -> Result<()> {
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        let batch_size = PROMPT_CHUNK.max(opts.parallel as usize);
+        let params = LlamaContextParams::default()
+            .with_n_ctx(NonZeroU32::new(opts.cells.max(1)))
+            .with_n_batch(batch_size as u32)
+            .with_n_ubatch(batch_size as u32)
+            .with_n_seq_max(opts.parallel)
+            .with_kv_unified(true)
+            .with_n_threads(self.threads)
+            .with_n_threads_batch(self.threads);
+        let mut ctx = self
+            .model
+            .new_context(&self.backend, params)
+            .map_err(|e| CmplError::internal(format!("cannot create a llama.cpp context: {e}")))?;
+        let mut batch = LlamaBatch::new(batch_size, opts.parallel as i32);
+        let mut run = Run {
+            engine: self,
+            free_seqs: (0..opts.parallel as i32).rev().collect(),
+            free_cells: opts.cells,
+            states: Vec::new(),
+            running: Vec::new(),
+        };
+        let mut pending: VecDeque<(usize, Job)> = jobs.into_iter().enumerate().collect();
+        while !pending.is_empty() || !run.running.is_empty() {
+            if interrupted.load(Ordering::Relaxed) {
+                return Err(CmplError::interrupted());
+            }
+            // Admit waiting jobs, in order, while their slots and cells are free.
+            while let Some((_, job)) = pending.front() {
+                if job.request.n as usize > run.free_seqs.len() || job.cells() > run.free_cells {
+                    break;
+                }
+                let Some((index, job)) = pending.pop_front() else {
+                    break;
+                };
+                run.admit(index, job, &mut ctx, &mut batch, interrupted, sink)?;
+            }
+            if run.running.is_empty() {
+                if let Some((_, job)) = pending.front() {
+                    return Err(CmplError::context(format!(
+                        "a request needs {} sequences and {} KV cells; the context has {} and {}",
+                        job.request.n,
+                        job.cells(),
+                        opts.parallel,
+                        opts.cells
+                    )));
+                }
+                continue;
+            }
+            run.step(&mut ctx, &mut batch, sink)?;
+        }
+        Ok(())
+    }
+}
+
+/// The loop's state between steps.
+struct Run<'e> {
+    engine: &'e Engine,
+    free_seqs: Vec<i32>,
+    free_cells: u32,
+    states: Vec<Option<JobState>>,
+    running: Vec<ChoiceState>,
+}
+
+impl Run<'_> {
+    /// Evaluates the job's prompt once for all its choices (each token tagged
+    /// with every choice's sequence, so the cells are shared), then samples
+    /// each choice's first token.
+    fn admit(
+        &mut self,
+        index: usize,
+        job: Job,
+        ctx: &mut LlamaContext,
+        batch: &mut LlamaBatch,
+        interrupted: &AtomicBool,
+        sink: &mut Sink,
+    ) -> Result<()> {
+        let n = job.request.n;
+        let seqs: Vec<i32> = (0..n).filter_map(|_| self.free_seqs.pop()).collect();
+        self.free_cells -= job.cells();
+        let echo = job.request.echo;
+        let prompt_logprobs = echo && (job.request.logprobs.is_some() || job.token_logprob);
+        let top_n = job.request.logprobs.unwrap_or(0) as usize;
+        let chunk = if prompt_logprobs {
+            PROMPT_CHUNK_ALL_LOGITS
+        } else {
+            PROMPT_CHUNK
+        };
+        // With echo, every prompt token is reported; with logprobs too, each
+        // is scored by the logits of the position before it.
+        let mut prompt_infos: Vec<TokenInfo> = if echo {
+            job.tokens.iter().map(|&t| self.token_info(t)).collect()
+        } else {
+            Vec::new()
+        };
+        let n_prompt = job.tokens.len();
+        for (c, tokens) in job.tokens.chunks(chunk).enumerate() {
+            if interrupted.load(Ordering::Relaxed) {
+                return Err(CmplError::interrupted());
+            }
+            batch.clear();
+            let start = c * chunk;
+            for (j, &token) in tokens.iter().enumerate() {
+                let pos = start + j;
+                let last = pos + 1 == n_prompt;
+                batch
+                    .add(token, pos as i32, &seqs, last || prompt_logprobs)
+                    .map_err(|e| CmplError::internal(format!("batch: {e}")))?;
+            }
+            decode(ctx, batch)?;
+            if prompt_logprobs {
+                for j in 0..tokens.len() {
+                    if let Some(info) = prompt_infos.get_mut(start + j + 1) {
+                        let logits = ctx.get_logits_ith(j as i32);
+                        fill_logprobs(info, logits, top_n, |id| self.piece(id));
+                    }
+                }
+            }
+        }
+        // Logits of the prompt's last token, for every choice's first draw.
+        let last_idx = batch.n_tokens() - 1;
+        let window = self.engine.n_ctx_train() as i32;
+        let mut choices = Vec::with_capacity(n as usize);
+        for (i, &seq) in seqs.iter().enumerate() {
+            let mut sampler = sampler::chain(
+                &job.request.sampling,
+                self.engine.model.n_vocab(),
+                job.seeds[i],
+                window,
+            );
+            sampler.accept_many(&job.tokens);
+            choices.push(ChoiceState {
+                job: index,
+                index: i as u32,
+                seq,
+                seed: job.seeds[i],
+                sampler,
+                matcher: StopMatcher::new(&job.request.stop),
+                next: LlamaToken(0),
+                pos: n_prompt as i32,
+                generated: 0,
+                text: String::new(),
+                tokens: Vec::new(),
+            });
+        }
+        let prompt_part = (echo && job.request.logprobs.is_some())
+            .then(|| logprobs_part(&prompt_infos, job.request.logprobs));
+        sink(Event::Started {
+            job: index,
+            prompt_tokens: n_prompt as u32,
+            prompt: echo.then_some(prompt_infos.as_slice()),
+        })?;
+        if self.states.len() <= index {
+            self.states.resize_with(index + 1, || None);
+        }
+        self.states[index] = Some(JobState {
+            running: n,
+            prompt_logprobs: prompt_part,
+            choices: vec![None; n as usize],
+            completion_tokens: 0,
+            job,
+        });
+        for choice in choices {
+            self.advance(choice, ctx, last_idx, sink)?;
+        }
+        Ok(())
+    }
+
+    /// Decodes every running choice's pending token in one batch, then
+    /// samples each one's next token.
+    fn step(
+        &mut self,
+        ctx: &mut LlamaContext,
+        batch: &mut LlamaBatch,
+        sink: &mut Sink,
+    ) -> Result<()> {
+        batch.clear();
+        for c in &self.running {
+            batch
+                .add(c.next, c.pos, &[c.seq], true)
+                .map_err(|e| CmplError::internal(format!("batch: {e}")))?;
+        }
+        decode(ctx, batch)?;
+        let running = std::mem::take(&mut self.running);
+        for (i, mut c) in running.into_iter().enumerate() {
+            c.pos += 1;
+            self.advance(c, ctx, i as i32, sink)?;
+        }
+        Ok(())
+    }
+
+    /// Samples the choice's next token from output `idx`, reports it, and
+    /// either keeps the choice running or finishes it.
+    fn advance(
+        &mut self,
+        mut c: ChoiceState,
+        ctx: &mut LlamaContext,
+        idx: i32,
+        sink: &mut Sink,
+    ) -> Result<()> {
+        let state = self.states[c.job]
+            .as_mut()
+            .ok_or_else(|| CmplError::internal("choice without a job"))?;
+        let request = &state.job.request;
+        let logprobs = request.logprobs;
+        let want_logprob = logprobs.is_some() || state.job.token_logprob;
+        let budget = state.job.budget;
+        let token = c.sampler.sample(ctx, idx);
+        let mut info = self.token_info(token);
+        if want_logprob {
+            let logits = ctx.get_logits_ith(idx);
+            fill_logprobs(&mut info, logits, logprobs.unwrap_or(0) as usize, |id| {
+                self.piece(id)
+            });
+        }
+        c.generated += 1;
+        let vocab = self.engine.model.vocab();
+        let (text, finish) = if vocab.is_eog(token) {
+            (c.matcher.finish(), Some(FinishReason::Eos))
+        } else {
+            let bytes = vocab.token_to_piece(token, false, None);
+            let released = c.matcher.push(&bytes);
+            if released.stopped {
+                (released.text, Some(FinishReason::Stop))
+            } else if c.generated >= budget {
+                (
+                    released.text + &c.matcher.finish(),
+                    Some(FinishReason::Length),
+                )
+            } else {
+                (released.text, None)
+            }
+        };
+        c.text.push_str(&text);
+        let state = self.states[c.job]
+            .as_mut()
+            .ok_or_else(|| CmplError::internal("choice without a job"))?;
+        state.completion_tokens += 1;
+        sink(Event::Token {
+            job: c.job,
+            choice: c.index,
+            seed: c.seed,
+            token: &info,
+            text: &text,
+            finish,
+            completion_tokens: c.generated,
+        })?;
+        if logprobs.is_some() {
+            c.tokens.push(info);
+        }
+        let Some(reason) = finish else {
+            c.next = token;
+            self.running.push(c);
+            return Ok(());
+        };
+        // Finished: free its sequence (shared prompt cells go with the last one).
+        let _ = ctx.clear_kv_cache_seq(Some(c.seq as u32), None, None);
+        self.free_seqs.push(c.seq);
+        state.choices[c.index as usize] = Some(Choice {
+            text: std::mem::take(&mut c.text),
+            index: c.index,
+            seed: c.seed,
+            finish_reason: reason,
+            logprobs: logprobs.map(|_| logprobs_part(&c.tokens, logprobs)),
+        });
+        state.running -= 1;
+        if state.running == 0 {
+            if let Some(done) = self.states[c.job].take() {
+                self.free_cells += done.job.cells();
+                sink(Event::Done {
+                    job: c.job,
+                    result: JobResult {
+                        prompt_tokens: done.job.tokens.len() as u32,
+                        completion_tokens: done.completion_tokens,
+                        prompt_logprobs: done.prompt_logprobs,
+                        choices: done.choices.into_iter().flatten().collect(),
+                    },
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    fn token_info(&self, token: LlamaToken) -> TokenInfo {
+        let vocab = self.engine.model.vocab();
+        TokenInfo {
+            id: token.0,
+            text: self.piece(token.0),
+            logprob: None,
+            top: Vec::new(),
+            special: vocab.is_control(token) || vocab.is_eog(token),
+        }
+    }
+
+    /// A token's text for display: lossy UTF-8, special tokens written out.
+    fn piece(&self, id: i32) -> String {
+        let bytes = self
+            .engine
+            .model
+            .vocab()
+            .token_to_piece(LlamaToken(id), true, None);
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+fn decode(ctx: &mut LlamaContext, batch: &mut LlamaBatch) -> Result<()> {
+    ctx.decode(batch)
+        .map_err(|e| CmplError::internal(format!("llama.cpp decode failed: {e}")))
+}
+
+/// Sets `info`'s logprob (and its top `k` alternatives) from raw logits.
+fn fill_logprobs(info: &mut TokenInfo, logits: &[f32], k: usize, piece: impl Fn(i32) -> String) {
+    let lse = log_sum_exp(logits);
+    info.logprob = logits.get(info.id as usize).map(|l| l - lse);
+    info.top = top_k(logits, lse, k)
+        .into_iter()
+        .map(|(id, lp)| (piece(id), lp))
+        .collect();
+}
+
+fn logprobs_part(tokens: &[TokenInfo], logprobs: Option<u32>) -> LogprobsPart {
+    LogprobsPart {
+        tokens: tokens.iter().map(|t| t.text.clone()).collect(),
+        token_ids: tokens.iter().map(|t| t.id).collect(),
+        token_logprobs: tokens.iter().map(|t| t.logprob).collect(),
+        top_logprobs: logprobs.filter(|&k| k > 0).map(|_| {
+            tokens
+                .iter()
+                .map(|t| t.top.iter().cloned().collect())
+                .collect()
+        }),
+    }
+}

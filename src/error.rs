@@ -1,0 +1,126 @@
+//! One error type for the whole pipeline: what went wrong, which field, and
+//! how it maps to the API's `ErrorData` and to an exit status.
+
+use serde_json::{json, Value};
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// A bad flag, field or value: the user can fix the request.
+    InvalidRequest,
+    /// The model file is missing, unreadable or not a valid GGUF model.
+    Model,
+    /// The prompt (or the request as a whole) does not fit the context.
+    ContextLength,
+    /// Anything else: I/O, llama.cpp failures.
+    Internal,
+    /// SIGINT arrived while generating.
+    Interrupted,
+    /// stdout was closed by the reader (`cmpl … | head`): stop quietly.
+    OutputClosed,
+}
+
+impl ErrorKind {
+    /// The `type` field of `ErrorData` (NOTES.md, "Errors").
+    pub fn api_type(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidRequest => "invalid_request_error",
+            ErrorKind::Model => "model_error",
+            ErrorKind::ContextLength => "context_length_exceeded",
+            ErrorKind::Internal => "internal_error",
+            ErrorKind::Interrupted => "interrupted",
+            ErrorKind::OutputClosed => "output_closed",
+        }
+    }
+
+    pub fn exit_code(self) -> i32 {
+        match self {
+            ErrorKind::InvalidRequest => 2,
+            ErrorKind::Interrupted => 130,
+            ErrorKind::OutputClosed => 0,
+            _ => 1,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct CmplError {
+    pub kind: ErrorKind,
+    pub message: String,
+    /// The request field (or flag) at fault, as the API names it.
+    pub param: Option<String>,
+}
+
+impl CmplError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        CmplError {
+            kind,
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    /// An invalid value for `param`; the message should say how to fix it.
+    pub fn invalid(param: &str, message: impl Into<String>) -> Self {
+        CmplError {
+            kind: ErrorKind::InvalidRequest,
+            message: message.into(),
+            param: Some(param.to_string()),
+        }
+    }
+
+    pub fn model(message: impl Into<String>) -> Self {
+        CmplError::new(ErrorKind::Model, message).with_param("model")
+    }
+
+    pub fn context(message: impl Into<String>) -> Self {
+        CmplError::new(ErrorKind::ContextLength, message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        CmplError::new(ErrorKind::Internal, message)
+    }
+
+    pub fn interrupted() -> Self {
+        CmplError::new(ErrorKind::Interrupted, "interrupted")
+    }
+
+    pub fn with_param(mut self, param: &str) -> Self {
+        self.param = Some(param.to_string());
+        self
+    }
+
+    /// The API's `ErrorData` object.
+    pub fn to_error_data(&self) -> Value {
+        json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind.api_type(),
+                "param": self.param,
+                "code": match self.kind {
+                    ErrorKind::ContextLength => Some("context_length_exceeded"),
+                    _ => None,
+                },
+            }
+        })
+    }
+}
+
+impl fmt::Display for CmplError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for CmplError {}
+
+impl From<std::io::Error> for CmplError {
+    fn from(e: std::io::Error) -> Self {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            return CmplError::new(ErrorKind::OutputClosed, "output closed");
+        }
+        CmplError::internal(format!("I/O error: {e}"))
+    }
+}
+
+pub type Result<T, E = CmplError> = std::result::Result<T, E>;

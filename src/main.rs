@@ -1,0 +1,3 @@
+fn main() {
+    std::process::exit(cmpl::app::main(std::env::args_os().collect()));
+}

@@ -1,0 +1,263 @@
+//! Turns engine events into what the user asked to see: plain text, one
+//! `CompletionResponse`, or a stream of Server-Sent Events.
+
+use crate::api::{
+    ChunkChoice, ChunkDelta, ChunkToken, CompletionChunk, CompletionResponse, FinishReason,
+    PromptPart, ResponseHeader, Usage,
+};
+use crate::engine::{Event, JobResult};
+use crate::error::Result;
+use std::io::Write;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Text,
+    Json,
+    Sse,
+}
+
+pub struct Printer<W: Write> {
+    out: W,
+    format: Format,
+    header: ResponseHeader,
+    prompt: String,
+    echo: bool,
+    n: u32,
+    /// Flush after every token (a terminal, or `--stream`).
+    live: bool,
+    /// Add a final newline (a terminal).
+    tty: bool,
+    prompt_tokens: u32,
+    /// Text mode: whether the last byte written was a newline.
+    at_line_start: bool,
+}
+
+impl<W: Write> Printer<W> {
+    pub fn new(
+        out: W,
+        format: Format,
+        header: ResponseHeader,
+        request: &crate::request::Request,
+        tty: bool,
+    ) -> Self {
+        Printer {
+            out,
+            format,
+            header,
+            prompt: request.prompt.clone(),
+            echo: request.echo,
+            n: request.n,
+            live: tty || request.stream,
+            tty,
+            prompt_tokens: 0,
+            at_line_start: true,
+        }
+    }
+
+    pub fn event(&mut self, event: Event) -> Result<()> {
+        match (self.format, event) {
+            (
+                _,
+                Event::Started {
+                    prompt_tokens,
+                    prompt,
+                    ..
+                },
+            ) => {
+                self.prompt_tokens = prompt_tokens;
+                match self.format {
+                    Format::Text if self.n == 1 && self.echo => {
+                        let prompt = self.prompt.clone();
+                        self.write_text(&prompt)?;
+                    }
+                    Format::Sse => {
+                        for choice in 0..self.n {
+                            for t in prompt.unwrap_or_default() {
+                                let chunk = self.chunk(choice, t, &piece_text(t), None, None, 0);
+                                self.write_sse(&chunk)?;
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            (Format::Text, Event::Token { text, .. }) if self.n == 1 => self.write_text(text)?,
+            (
+                Format::Sse,
+                Event::Token {
+                    choice,
+                    seed,
+                    token,
+                    text,
+                    finish,
+                    completion_tokens,
+                    ..
+                },
+            ) => {
+                let usage = finish.map(|_| Usage::new(self.prompt_tokens, completion_tokens));
+                let chunk = self.chunk(choice, token, text, finish, usage, seed);
+                self.write_sse(&chunk)?;
+            }
+            (Format::Text, Event::Done { result, .. }) => self.write_choices(&result)?,
+            (Format::Json, Event::Done { result, .. }) => {
+                let response = self.response(result);
+                serde_json::to_writer(&mut self.out, &response).map_err(std::io::Error::from)?;
+                self.out.write_all(b"\n")?;
+            }
+            (Format::Sse, Event::Done { .. }) => {}
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// After a successful run: the stream's end marker, the terminal's newline.
+    pub fn finish(&mut self) -> Result<()> {
+        if self.format == Format::Sse {
+            self.out.write_all(b"data: [DONE]\n\n")?;
+        }
+        self.end_line()?;
+        self.out.flush()?;
+        Ok(())
+    }
+
+    /// After an interruption or error: what was printed stays complete.
+    pub fn abort(&mut self) {
+        let _ = self.end_line();
+        let _ = self.out.flush();
+    }
+
+    fn end_line(&mut self) -> Result<()> {
+        if self.format == Format::Text && self.tty && !self.at_line_start {
+            self.out.write_all(b"\n")?;
+            self.at_line_start = true;
+        }
+        Ok(())
+    }
+
+    fn write_text(&mut self, text: &str) -> Result<()> {
+        if text.is_empty() {
+            return Ok(());
+        }
+        self.out.write_all(text.as_bytes())?;
+        self.at_line_start = text.ends_with('\n');
+        if self.live {
+            self.out.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Text mode with several choices: each under a short header, in order.
+    fn write_choices(&mut self, result: &JobResult) -> Result<()> {
+        if self.n == 1 {
+            return Ok(());
+        }
+        for c in &result.choices {
+            if !self.at_line_start {
+                self.write_text("\n")?;
+            }
+            let header = format!(
+                "--- choice {} (seed {}, {}) ---\n",
+                c.index,
+                c.seed,
+                finish_word(c.finish_reason)
+            );
+            self.write_text(&header)?;
+            if self.echo {
+                let prompt = self.prompt.clone();
+                self.write_text(&prompt)?;
+            }
+            self.write_text(&c.text)?;
+        }
+        Ok(())
+    }
+
+    fn write_sse(&mut self, chunk: &CompletionChunk) -> Result<()> {
+        self.out.write_all(b"data: ")?;
+        serde_json::to_writer(&mut self.out, chunk).map_err(std::io::Error::from)?;
+        self.out.write_all(b"\n\n")?;
+        self.out.flush()?;
+        Ok(())
+    }
+
+    fn chunk(
+        &self,
+        choice: u32,
+        token: &crate::engine::TokenInfo,
+        text: &str,
+        finish: Option<FinishReason>,
+        usage: Option<Usage>,
+        seed: u32,
+    ) -> CompletionChunk {
+        CompletionChunk {
+            id: self.header.id.clone(),
+            object: "completion.chunk",
+            created: self.header.created,
+            model: self.header.model.clone(),
+            token: ChunkToken {
+                id: token.id,
+                text: token.text.clone(),
+                logprob: token.logprob.unwrap_or(0.0),
+                special: token.special,
+            },
+            choices: vec![ChunkChoice {
+                index: choice,
+                text: text.to_string(),
+                delta: ChunkDelta {
+                    role: "assistant",
+                    token_id: token.id,
+                    content: text.to_string(),
+                },
+            }],
+            finish_reason: finish,
+            usage,
+            seed,
+        }
+    }
+
+    fn response(&self, result: JobResult) -> CompletionResponse {
+        response(&self.header, &self.prompt, self.echo, result)
+    }
+}
+
+/// The `CompletionResponse` for one finished request.
+pub fn response(
+    header: &ResponseHeader,
+    prompt: &str,
+    echo: bool,
+    result: JobResult,
+) -> CompletionResponse {
+    CompletionResponse {
+        id: header.id.clone(),
+        object: "text.completion",
+        created: header.created,
+        model: header.model.clone(),
+        usage: Usage::new(result.prompt_tokens, result.completion_tokens),
+        prompt: if echo {
+            vec![PromptPart {
+                text: prompt.to_string(),
+                logprobs: result.prompt_logprobs,
+            }]
+        } else {
+            Vec::new()
+        },
+        choices: result.choices,
+    }
+}
+
+/// A prompt token's text as it appears in the prompt (special tokens such as
+/// BOS add nothing to the text).
+fn piece_text(t: &crate::engine::TokenInfo) -> String {
+    if t.special {
+        String::new()
+    } else {
+        t.text.clone()
+    }
+}
+
+fn finish_word(reason: FinishReason) -> &'static str {
+    match reason {
+        FinishReason::Stop => "stop",
+        FinishReason::Eos => "eos",
+        FinishReason::Length => "length",
+    }
+}

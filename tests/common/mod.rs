@@ -1,0 +1,4 @@
+// Each integration test compiles this module on its own and uses only some of its helpers.
+#![allow(dead_code)]
+
+pub mod schema;
