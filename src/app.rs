@@ -76,8 +76,17 @@ fn clap_error(e: clap::Error, json: bool) -> i32 {
 }
 
 fn run(cli: &Cli, json: &mut bool) -> Result<()> {
+    // A JSON request is answered in JSON, including the errors found reading it.
+    *json |= cli.request.is_some();
     let (base, came_as_json) = match input::read(cli)? {
-        Input::Json(raw) => (raw, true),
+        Input::Json {
+            text,
+            origin,
+            detected,
+        } => {
+            *json = true;
+            (Input::parse_json(&text, &origin, detected)?, true)
+        }
         Input::Text(prompt) => {
             let mut raw = request::RawRequest::default();
             raw.set("prompt", serde_json::Value::String(prompt));

@@ -40,6 +40,7 @@ Examples:
     after_help = AFTER_HELP,
     disable_version_flag = true,
     allow_negative_numbers = true,
+    args_override_self = true,
     max_term_width = 100
 )]
 pub struct Cli {

@@ -510,7 +510,7 @@ fn parse<R: Read + Seek>(src: R, file_size: u64) -> Result<GgufInfo, GgufError> 
                 MetaValue::UInt(a) if vtype == TYPE_U32 => *a,
                 _ => {
                     return fail(format!(
-                        "corrupt header: `general.alignment` must be a u32 but is a {}",
+                        "corrupt header: `general.alignment` has type {}, expected u32",
                         gguf_type_name(vtype)
                     ))
                 }
@@ -658,9 +658,12 @@ fn parse<R: Read + Seek>(src: R, file_size: u64) -> Result<GgufInfo, GgufError> 
     }
 
     // llama.cpp requires the tensors to be packed in order, each starting at
-    // the previous one's end rounded up to the alignment.
+    // the previous one's end rounded up to the alignment. This pass runs over
+    // all tensors before any bounds check so that a corrupt shape or offset is
+    // reported as such, and "truncated" is only said of a consistent header.
     let mut expected: u64 = 0;
-    for (i, t) in spans.iter().enumerate() {
+    let mut previous: Option<&str> = None;
+    for t in &spans {
         let name = shown(&t.name);
         if t.offset % alignment != 0 {
             return fail(format!(
@@ -669,30 +672,20 @@ fn parse<R: Read + Seek>(src: R, file_size: u64) -> Result<GgufInfo, GgufError> 
             ));
         }
         if t.offset != expected {
-            let why = if i == 0 {
-                "the first tensor must start at 0".to_string()
-            } else if t.offset < expected {
-                format!("it overlaps the previous tensor, which ends at {expected}")
-            } else {
-                format!(
-                    "the previous tensor ends at {expected} and tensors must be packed in order"
-                )
+            let why = match previous {
+                None => "the first tensor must start at 0".to_string(),
+                Some(prev) if t.offset < expected => format!(
+                    "it overlaps the previous tensor `{}`, which ends at {expected}",
+                    shown(prev)
+                ),
+                Some(prev) => format!(
+                    "the previous tensor `{}` ends at {expected} and tensors must be packed in order",
+                    shown(prev)
+                ),
             };
             return fail(format!(
                 "corrupt header: tensor `{name}` has offset {}; {why}",
                 t.offset
-            ));
-        }
-        let start = data_start.checked_add(t.offset);
-        let end = start.and_then(|s| s.checked_add(t.nbytes));
-        let (Some(start), Some(end)) = (start, end) else {
-            return fail(format!(
-                "corrupt header: tensor `{name}` has an offset past any possible file size"
-            ));
-        };
-        if end > file_size {
-            return fail(format!(
-                "truncated: tensor `{name}` needs bytes {start}..{end} but the file ends at {file_size}"
             ));
         }
         let Some(next) = t
@@ -705,6 +698,25 @@ fn parse<R: Read + Seek>(src: R, file_size: u64) -> Result<GgufInfo, GgufError> 
             ));
         };
         expected = next;
+        previous = Some(&t.name);
+    }
+
+    // Same check as llama.cpp's model loader: every tensor's bytes must lie
+    // inside the file. Offsets are consistent here, so a miss means truncation.
+    for t in &spans {
+        let start = data_start.checked_add(t.offset);
+        let end = start.and_then(|s| s.checked_add(t.nbytes));
+        match (start, end) {
+            (Some(_), Some(end)) if end <= file_size => {}
+            (start, end) => {
+                return fail(format!(
+                    "truncated: tensor `{}` needs bytes {}..{} but the file ends at {file_size}",
+                    shown(&t.name),
+                    start.unwrap_or(u64::MAX),
+                    end.unwrap_or(u64::MAX)
+                ))
+            }
+        }
     }
 
     Ok(GgufInfo {
@@ -1184,7 +1196,7 @@ mod tests {
             &Builder::new()
                 .kv("general.alignment", 10, &32u64.to_le_bytes())
                 .build(),
-            "`general.alignment` must be a u32 but is a u64",
+            "`general.alignment` has type u64, expected u32",
         );
     }
 
@@ -1273,7 +1285,7 @@ mod tests {
         let base = || Builder::new().tensor("a", &[64], F32);
         assert_err(
             &base().tensor_at("b", &[8], F32, 0).build(),
-            "tensor `b` has offset 0; it overlaps the previous tensor, which ends at 256",
+            "tensor `b` has offset 0; it overlaps the previous tensor `a`, which ends at 256",
         );
         assert_err(
             &base().tensor_at("b", &[8], F32, 8).build(),
@@ -1281,7 +1293,7 @@ mod tests {
         );
         assert_err(
             &base().tensor_at("b", &[8], F32, 512).build(),
-            "tensor `b` has offset 512; the previous tensor ends at 256",
+            "tensor `b` has offset 512; the previous tensor `a` ends at 256",
         );
         assert_err(
             &Builder::new().tensor_at("a", &[8], F32, 1 << 40).build(),

@@ -8,8 +8,13 @@ use std::io::{IsTerminal, Read};
 use std::path::Path;
 
 pub enum Input {
-    /// A `CompletionRequest` object: the answer is JSON too.
-    Json(RawRequest),
+    /// A `CompletionRequest` object, not yet parsed: the answer is JSON too,
+    /// errors in it included.
+    Json {
+        text: String,
+        origin: String,
+        detected: bool,
+    },
     /// The prompt text (from PROMPT, a file, or stdin).
     Text(String),
     /// Nothing given and stdin is a terminal.
@@ -18,8 +23,11 @@ pub enum Input {
 
 pub fn read(cli: &Cli) -> Result<Input> {
     if let Some(path) = &cli.request {
-        let text = read_source(path, "--request")?;
-        return Ok(Input::Json(RawRequest::from_json(&text, &origin(path))?));
+        return Ok(Input::Json {
+            text: read_source(path, "--request")?,
+            origin: origin(path),
+            detected: false,
+        });
     }
     if let Some(path) = &cli.prompt_file {
         return Ok(Input::Text(read_source(path, "--prompt-file")?));
@@ -34,16 +42,27 @@ pub fn read(cli: &Cli) -> Result<Input> {
     // A text that starts like a JSON object is meant as one: a typo in it is
     // an error, not a prompt.
     if text.trim_start().starts_with('{') {
-        RawRequest::from_json(&text, "the JSON request on stdin")
-            .map(Input::Json)
-            .map_err(|mut e| {
+        Ok(Input::Json {
+            text,
+            origin: origin(Path::new("-")),
+            detected: true,
+        })
+    } else {
+        Ok(Input::Text(text))
+    }
+}
+
+impl Input {
+    /// Parses a JSON input; a detected one that fails says how to send it as text.
+    pub fn parse_json(text: &str, origin: &str, detected: bool) -> Result<RawRequest> {
+        RawRequest::from_json(text, origin).map_err(|mut e| {
+            if detected {
                 e.message.push_str(
                     " (to send text that starts with '{' as the prompt, use --prompt-file -)",
                 );
-                e
-            })
-    } else {
-        Ok(Input::Text(text))
+            }
+            e
+        })
     }
 }
 

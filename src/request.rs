@@ -335,60 +335,6 @@ fn logit_bias(raw: &RawRequest) -> Result<Vec<(i64, f32)>> {
         .collect()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn validate(v: Value) -> Result<Request> {
-        Request::validate(&RawRequest::from_value(v, "the request")?)
-    }
-
-    #[test]
-    fn defaults_fill_absent_fields() {
-        let r = validate(json!({"prompt": "hi"})).unwrap();
-        assert_eq!(r.max_tokens, DEFAULT_MAX_TOKENS);
-        assert_eq!(r.n, 1);
-        assert_eq!(r.logprobs, None);
-        assert_eq!(r.sampling.top_k, 0);
-    }
-
-    #[test]
-    fn overlay_takes_the_upper_value() {
-        let base = RawRequest::from_value(json!({"prompt": "a", "n": 2}), "x").unwrap();
-        let top = RawRequest::from_value(json!({"n": 3}), "y").unwrap();
-        let r = Request::validate(&base.overlay(top)).unwrap();
-        assert_eq!((r.prompt.as_str(), r.n), ("a", 3));
-    }
-
-    #[test]
-    fn errors_name_the_field() {
-        let cases = [
-            (json!({"prompt": "a", "n": 0}), "n"),
-            (json!({"prompt": "a", "n": 1.5}), "n"),
-            (json!({"prompt": "a", "logprobs": 21}), "logprobs"),
-            (json!({"prompt": "a", "top_p": 1.5}), "top_p"),
-            (json!({"prompt": "a", "temperature": "hot"}), "temperature"),
-            (json!({"prompt": "a", "stop": "x"}), "stop"),
-            (json!({"prompt": "a", "stop": [""]}), "stop"),
-            (json!({"prompt": "a", "logit_bias": {"x": 1}}), "logit_bias"),
-            (json!({"prompt": "a", "max_tokens": -1}), "max_tokens"),
-            (
-                json!({"prompt": "a", "seed": 18446744073709551615u64}),
-                "seed",
-            ),
-            (json!({"prompt": "a", "bogus": 1}), "bogus"),
-            (json!({"prompt": ""}), "prompt"),
-            (json!({"prompt": 3}), "prompt"),
-        ];
-        for (value, param) in cases {
-            let err = validate(value.clone()).unwrap_err();
-            assert_eq!(err.param.as_deref(), Some(param), "{value}: {err}");
-            assert_eq!(err.kind.exit_code(), 2);
-        }
-    }
-}
-
 /// The request fields given as flags, as JSON values, so they meet the
 /// same checks as a JSON request.
 pub fn from_flags(cli: &crate::cli::Cli) -> Result<RawRequest> {
@@ -465,4 +411,58 @@ pub fn from_flags(cli: &crate::cli::Cli) -> Result<RawRequest> {
         put("logit_bias", Some(Value::Object(map)));
     }
     Ok(raw)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn validate(v: Value) -> Result<Request> {
+        Request::validate(&RawRequest::from_value(v, "the request")?)
+    }
+
+    #[test]
+    fn defaults_fill_absent_fields() {
+        let r = validate(json!({"prompt": "hi"})).unwrap();
+        assert_eq!(r.max_tokens, DEFAULT_MAX_TOKENS);
+        assert_eq!(r.n, 1);
+        assert_eq!(r.logprobs, None);
+        assert_eq!(r.sampling.top_k, 0);
+    }
+
+    #[test]
+    fn overlay_takes_the_upper_value() {
+        let base = RawRequest::from_value(json!({"prompt": "a", "n": 2}), "x").unwrap();
+        let top = RawRequest::from_value(json!({"n": 3}), "y").unwrap();
+        let r = Request::validate(&base.overlay(top)).unwrap();
+        assert_eq!((r.prompt.as_str(), r.n), ("a", 3));
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let cases = [
+            (json!({"prompt": "a", "n": 0}), "n"),
+            (json!({"prompt": "a", "n": 1.5}), "n"),
+            (json!({"prompt": "a", "logprobs": 21}), "logprobs"),
+            (json!({"prompt": "a", "top_p": 1.5}), "top_p"),
+            (json!({"prompt": "a", "temperature": "hot"}), "temperature"),
+            (json!({"prompt": "a", "stop": "x"}), "stop"),
+            (json!({"prompt": "a", "stop": [""]}), "stop"),
+            (json!({"prompt": "a", "logit_bias": {"x": 1}}), "logit_bias"),
+            (json!({"prompt": "a", "max_tokens": -1}), "max_tokens"),
+            (
+                json!({"prompt": "a", "seed": 18446744073709551615u64}),
+                "seed",
+            ),
+            (json!({"prompt": "a", "bogus": 1}), "bogus"),
+            (json!({"prompt": ""}), "prompt"),
+            (json!({"prompt": 3}), "prompt"),
+        ];
+        for (value, param) in cases {
+            let err = validate(value.clone()).unwrap_err();
+            assert_eq!(err.param.as_deref(), Some(param), "{value}: {err}");
+            assert_eq!(err.kind.exit_code(), 2);
+        }
+    }
 }

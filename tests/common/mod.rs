@@ -1,4 +1,5 @@
 // Each integration test compiles this module on its own and uses only some of its helpers.
 #![allow(dead_code)]
 
+pub mod run;
 pub mod schema;

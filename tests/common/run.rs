@@ -1,0 +1,147 @@
+//! Runs the real `cmpl` binary on the real test model, so each test reads
+//! like a sentence: `cmpl(&["hi", "--json"]).stdin("…").run().json()`.
+
+use serde_json::Value;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+/// The test model, from `scripts/fetch-model`. Tests fail (never skip) without it.
+pub fn model_path() -> PathBuf {
+    let dir = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .expect("HOME is not set");
+    let path = dir.join("cmpl/models/gemma-3-270m-q4_k_m.gguf");
+    assert!(
+        path.is_file(),
+        "the test model is missing at {}: run scripts/fetch-model (or scripts/test, which fetches it)",
+        path.display()
+    );
+    path
+}
+
+pub struct Cmpl {
+    cmd: Command,
+    stdin: Option<Vec<u8>>,
+}
+
+pub fn cmpl(args: &[&str]) -> Cmpl {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_cmpl"));
+    cmd.args(args)
+        .env("CMPL_MODEL", model_path())
+        .env_remove("CMPL_CONFIG")
+        .env_remove("NO_COLOR");
+    Cmpl { cmd, stdin: None }
+}
+
+pub struct Output {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Cmpl {
+    pub fn stdin(mut self, input: impl AsRef<[u8]>) -> Self {
+        self.stdin = Some(input.as_ref().to_vec());
+        self
+    }
+
+    pub fn env(mut self, key: &str, value: impl AsRef<std::ffi::OsStr>) -> Self {
+        self.cmd.env(key, value);
+        self
+    }
+
+    pub fn env_remove(mut self, key: &str) -> Self {
+        self.cmd.env_remove(key);
+        self
+    }
+
+    pub fn run(mut self) -> Output {
+        self.cmd
+            .stdin(if self.stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = self.cmd.spawn().expect("cannot start cmpl");
+        if let Some(input) = self.stdin.take() {
+            let mut pipe = child.stdin.take().expect("stdin");
+            // A writer thread: cmpl may answer (and exit) before reading it all.
+            std::thread::spawn(move || {
+                let _ = pipe.write_all(&input);
+            });
+        }
+        let out = child.wait_with_output().expect("cmpl did not finish");
+        let code = out.status.code().unwrap_or_else(|| {
+            panic!(
+                "cmpl died of a signal: {:?}\nstderr: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        Output {
+            code,
+            stdout: String::from_utf8(out.stdout).expect("stdout is not UTF-8"),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+}
+
+impl Output {
+    /// Asserts success and returns stdout.
+    pub fn ok(&self) -> &str {
+        assert_eq!(self.code, 0, "exit {}; stderr: {}", self.code, self.stderr);
+        &self.stdout
+    }
+
+    /// stdout as one JSON value.
+    pub fn json(&self) -> Value {
+        serde_json::from_str(self.stdout.trim_end())
+            .unwrap_or_else(|e| panic!("stdout is not one JSON value ({e}): {:?}", self.stdout))
+    }
+
+    /// The `data:` payloads of a Server-Sent Events stream, `[DONE]` excluded;
+    /// asserts the framing (blank line after each event, `[DONE]` last).
+    pub fn sse(&self) -> Vec<Value> {
+        let events: Vec<&str> = self.stdout.split_terminator("\n\n").collect();
+        assert!(
+            self.stdout.ends_with("\n\n"),
+            "stream must end with a blank line"
+        );
+        assert_eq!(
+            events.last(),
+            Some(&"data: [DONE]"),
+            "stream must end with [DONE]"
+        );
+        events[..events.len() - 1]
+            .iter()
+            .map(|e| {
+                let data = e
+                    .strip_prefix("data: ")
+                    .unwrap_or_else(|| panic!("not an SSE data line: {e:?}"));
+                serde_json::from_str(data)
+                    .unwrap_or_else(|err| panic!("bad chunk JSON ({err}): {data}"))
+            })
+            .collect()
+    }
+
+    /// Asserts a failure with `code`, a one-line `cmpl: error:` message on
+    /// stderr containing `needle`, and returns stderr.
+    pub fn fails(&self, code: i32, needle: &str) -> &str {
+        assert_eq!(
+            self.code, code,
+            "stdout: {}\nstderr: {}",
+            self.stdout, self.stderr
+        );
+        assert!(
+            self.stderr.contains(needle),
+            "stderr should mention {needle:?}: {}",
+            self.stderr
+        );
+        assert!(!self.stderr.contains("panicked"), "panic: {}", self.stderr);
+        &self.stderr
+    }
+}
