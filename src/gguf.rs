@@ -237,7 +237,7 @@ impl<R: Read + Seek> Reader<R> {
         }
         if len > self.remaining() {
             return fail(format!(
-                "corrupt header: {} has a {field} length of {len} bytes, but only {} bytes are left in the file",
+                "truncated or corrupt header: {} has a {field} length of {len} bytes, but only {} bytes are left in the file",
                 what(),
                 self.remaining()
             ));
@@ -469,7 +469,7 @@ fn parse<R: Read + Seek>(src: R, file_size: u64) -> Result<GgufInfo, GgufError> 
     ] {
         if count > r.remaining() / min {
             return fail(format!(
-                "corrupt header: {what} count {count} does not fit in the remaining {} bytes of the file",
+                "truncated or corrupt header: {what} count {count} does not fit in the remaining {} bytes of the file",
                 r.remaining()
             ));
         }
@@ -526,7 +526,7 @@ fn parse<R: Read + Seek>(src: R, file_size: u64) -> Result<GgufInfo, GgufError> 
 
     if tensor_count > r.remaining() / MIN_TENSOR_INFO_BYTES {
         return fail(format!(
-            "corrupt header: tensor count {tensor_count} does not fit in the remaining {} bytes of the file",
+            "truncated or corrupt header: tensor count {tensor_count} does not fit in the remaining {} bytes of the file",
             r.remaining()
         ));
     }
@@ -799,7 +799,7 @@ fn skip_array<R: Read + Seek>(r: &mut Reader<R>, what: What) -> Result<u64, Gguf
     let min_bytes = n.saturating_mul(gguf_fixed_size(elem).unwrap_or(8));
     if min_bytes > r.remaining() {
         return fail(format!(
-            "corrupt header: {} has an array of {n} {} values, which needs at least {min_bytes} bytes, but only {} are left in the file",
+            "truncated or corrupt header: {} has an array of {n} {} values, which needs at least {min_bytes} bytes, but only {} are left in the file",
             what(),
             gguf_type_name(elem),
             r.remaining()

@@ -31,6 +31,7 @@ pub struct Engine {
     backend: LlamaBackend,
     info: GgufInfo,
     threads: i32,
+    longest_piece: std::sync::OnceLock<usize>,
 }
 
 /// One request made ready for the decode loop.
@@ -88,6 +89,19 @@ impl Engine {
             backend,
             info,
             threads,
+            longest_piece: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// Bytes of the vocabulary's longest token.
+    fn longest_piece(&self) -> usize {
+        *self.longest_piece.get_or_init(|| {
+            let vocab = self.model.vocab();
+            (0..self.model.n_vocab())
+                .map(|id| vocab.token_to_piece(LlamaToken(id), true, None).len())
+                .max()
+                .unwrap_or(1)
+                .max(1)
         })
     }
 
@@ -128,11 +142,31 @@ impl Engine {
                 ),
             ));
         }
-        let tokens = self.tokenize(&request.prompt);
-        let n_prompt = tokens.len() as u32;
         let window = self.n_ctx_train();
         let limit = cells.map_or(window, |c| c.min(window));
-        let room = limit.saturating_sub(n_prompt) / request.n;
+        // Tokenizing a huge prompt takes minutes; its byte length alone can
+        // prove it too long (no token is longer than the longest vocab piece).
+        let bytes = request.prompt.len();
+        if bytes > limit as usize {
+            let at_least = bytes / self.longest_piece();
+            if at_least >= limit as usize {
+                return Err(CmplError::context(format!(
+                    "the prompt is {bytes} bytes, at least {at_least} tokens, and {} holds {limit}; shorten the prompt",
+                    if cells.is_some() { "--ctx-size" } else { "the model's context" }
+                ))
+                .with_param("prompt"));
+            }
+        }
+        let tokens = self.tokenize(&request.prompt);
+        let n_prompt = tokens.len() as u32;
+        // Each choice's positions end at the model's window; with --ctx-size,
+        // the choices also share that many KV cells after the prompt's.
+        let room = match cells {
+            Some(c) => {
+                (window.saturating_sub(n_prompt)).min(c.saturating_sub(n_prompt) / request.n)
+            }
+            None => window.saturating_sub(n_prompt),
+        };
         if room == 0 {
             let what = if cells.is_some() {
                 "--ctx-size"
