@@ -16,7 +16,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
     let args = cli::normalize_args(args);
     // Whether to answer errors in JSON, known even when parsing fails.
     let json_flag = args.iter().any(|a| a == "--json");
-    let cli = match Cli::try_parse_from(&args) {
+    let mut cli = match Cli::try_parse_from(&args) {
         Ok(cli) => cli,
         Err(e) => return clap_error(e, json_flag),
     };
@@ -24,11 +24,65 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
         println!("{}", cli::version_text());
         return 0;
     }
+    if let Some(kind) = cli.generate {
+        return match crate::generate::generate(kind, &mut std::io::stdout().lock()) {
+            Ok(()) => 0,
+            Err(e) => report(&e.into(), false),
+        };
+    }
+    if cli.list_models {
+        return match crate::models::list(&mut std::io::stdout().lock()) {
+            Ok(()) => 0,
+            Err(e) => report(&e, false),
+        };
+    }
+    let json = cli.json || cli.batch.is_some();
+    let config = match crate::config::load() {
+        Ok(config) => config,
+        Err(e) => return report(&e, json),
+    };
+    // The config's runtime settings sit below the flags.
+    cli.threads = cli.threads.or(config.threads);
+    cli.n_gpu_layers = cli.n_gpu_layers.or(config.n_gpu_layers);
+    cli.ctx_size = cli.ctx_size.or(config.ctx_size);
+    let mut defaults = config.request;
+    // The config's model sits below $CMPL_MODEL, not just below the request.
+    let config_model = defaults
+        .fields
+        .remove("model")
+        .and_then(|m| m.as_str().map(String::from));
+    let defaults = Defaults {
+        request: defaults,
+        model: config_model,
+    };
+    if let Some(file) = &cli.batch {
+        return match run_batch(&cli, &defaults, file.as_deref()) {
+            Ok(true) => 0,
+            Ok(false) => 1,
+            Err(e) => report(&e, true),
+        };
+    }
     let mut json = cli.json;
-    match run(&cli, &mut json) {
+    match run(&cli, &defaults, &mut json) {
         Ok(()) => 0,
         Err(e) => report(&e, json),
     }
+}
+
+/// What the config file provides, below the request and the flags.
+pub struct Defaults {
+    pub request: request::RawRequest,
+    pub model: Option<String>,
+}
+
+fn run_batch(cli: &Cli, defaults: &Defaults, file: Option<&std::path::Path>) -> Result<bool> {
+    let lines = crate::batch::read_lines(file)?;
+    let model = crate::models::resolve(cli.model.as_deref(), defaults.model.as_deref())?;
+    if lines.is_empty() {
+        return Ok(true);
+    }
+    let engine = load(&model.path, cli)?;
+    crate::batch::run(cli, &defaults.request, &engine, &model, lines)
 }
 
 /// Prints `e` (stderr always; `ErrorData` on stdout in JSON mode) and returns its exit status.
@@ -75,7 +129,7 @@ fn clap_error(e: clap::Error, json: bool) -> i32 {
     }
 }
 
-fn run(cli: &Cli, json: &mut bool) -> Result<()> {
+fn run(cli: &Cli, defaults: &Defaults, json: &mut bool) -> Result<()> {
     // A JSON request is answered in JSON, including the errors found reading it.
     *json |= cli.request.is_some();
     let (base, came_as_json) = match input::read(cli)? {
@@ -95,9 +149,13 @@ fn run(cli: &Cli, json: &mut bool) -> Result<()> {
         Input::Nothing => (request::RawRequest::default(), false),
     };
     *json |= came_as_json;
-    let raw = base.overlay(request::from_flags(cli)?);
+    let raw = defaults
+        .request
+        .clone()
+        .overlay(base)
+        .overlay(request::from_flags(cli)?);
     let request = Request::validate(&raw)?;
-    let model = crate::models::resolve(request.model.as_deref())?;
+    let model = crate::models::resolve(request.model.as_deref(), defaults.model.as_deref())?;
 
     let engine = load(&model.path, cli)?;
     let format = match (*json, request.stream) {
@@ -115,12 +173,17 @@ fn run(cli: &Cli, json: &mut bool) -> Result<()> {
 
     let stdout = std::io::stdout();
     let tty = stdout.is_terminal();
+    let color = use_color(cli.color, tty);
+    if color && format == Format::Text && request.logprobs.is_some() && request.n == 1 {
+        eprintln!("{}", crate::printer::heat_legend());
+    }
     let mut printer = Printer::new(
         stdout.lock(),
         format,
         ResponseHeader::new(&model.name),
         &request,
         tty,
+        color,
     );
     let outcome = engine.run(vec![job], &opts, &INTERRUPTED, &mut |event| {
         printer.event(event)
@@ -131,6 +194,15 @@ fn run(cli: &Cli, json: &mut bool) -> Result<()> {
             printer.abort();
             Err(e)
         }
+    }
+}
+
+/// `auto` colours a terminal unless NO_COLOR is set; `always` and `never` are what they say.
+fn use_color(choice: cli::ColorChoice, tty: bool) -> bool {
+    match choice {
+        cli::ColorChoice::Always => true,
+        cli::ColorChoice::Never => false,
+        cli::ColorChoice::Auto => tty && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
     }
 }
 
@@ -168,7 +240,7 @@ fn load(path: &std::path::Path, cli: &Cli) -> Result<Engine> {
 }
 
 /// Refuses a KV cache that would not fit in memory, before allocating it.
-fn check_memory(engine: &Engine, cells: u32) -> Result<()> {
+pub(crate) fn check_memory(engine: &Engine, cells: u32) -> Result<()> {
     let Some(need) = engine.kv_bytes(cells) else {
         return Ok(());
     };

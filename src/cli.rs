@@ -49,7 +49,7 @@ pub struct Cli {
     pub prompt: Option<String>,
 
     /// GGUF model file, or the name of one in the models folder
-    /// [default: $CMPL_MODEL, then gemma-3-270m-q4_k_m.gguf in the cache dir].
+    /// [default: $CMPL_MODEL, the config's model, then gemma-3-270m-q4_k_m.gguf in the cache dir].
     #[arg(short = 'm', long, value_name = "PATH|NAME", help_heading = "Request")]
     pub model: Option<String>,
 
@@ -139,6 +139,16 @@ pub struct Cli {
     )]
     pub prompt_file: Option<PathBuf>,
 
+    /// Answer a JSON Lines file of requests (stdin without FILE), one JSON
+    /// line out per line in, in order, decoding the requests together. Exit
+    /// 1 if any line failed. Lines with "stream": true get a whole response.
+    #[arg(long, value_name = "FILE", num_args = 0..=1, conflicts_with_all = ["prompt", "prompt_file", "request"], help_heading = "Batch")]
+    pub batch: Option<Option<PathBuf>>,
+
+    /// Sequences decoded together in --batch mode [default: 16].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256), help_heading = "Batch")]
+    pub parallel: Option<u32>,
+
     /// CPU threads [default: physical cores].
     #[arg(short = 't', long, value_name = "N", help_heading = "Runtime")]
     pub threads: Option<u32>,
@@ -163,6 +173,14 @@ pub struct Cli {
         help_heading = "Input and output"
     )]
     pub color: ColorChoice,
+
+    /// List the models in the models folder with size, architecture and parameters.
+    #[arg(long, help_heading = "Other")]
+    pub list_models: bool,
+
+    /// Print the man page or a shell completion script.
+    #[arg(long, value_name = "KIND", help_heading = "Other")]
+    pub generate: Option<crate::generate::Kind>,
 
     /// Print the version and the GPU backends compiled in.
     #[arg(short = 'V', long)]

@@ -5,9 +5,12 @@
 
 pub mod api;
 pub mod app;
+pub mod batch;
 pub mod cli;
+pub mod config;
 pub mod engine;
 pub mod error;
+pub mod generate;
 pub mod gguf;
 pub mod input;
 pub mod models;

@@ -20,10 +20,15 @@ pub struct ModelRef {
     pub path: PathBuf,
 }
 
-/// Resolves the first of: `-m`, the request's `model`, `$CMPL_MODEL`, the default.
-pub fn resolve(given: Option<&str>) -> Result<ModelRef> {
+/// Resolves the first of: `-m` or the request's `model` (`given`),
+/// `$CMPL_MODEL`, the config file's `model`, the default.
+pub fn resolve(given: Option<&str>, config: Option<&str>) -> Result<ModelRef> {
     let from_env = std::env::var("CMPL_MODEL").ok().filter(|s| !s.is_empty());
-    match given.map(str::to_string).or(from_env) {
+    match given
+        .map(str::to_string)
+        .or(from_env)
+        .or(config.map(str::to_string))
+    {
         Some(name) => {
             let path = find(&name).ok_or_else(|| {
                 CmplError::model(format!(
@@ -72,4 +77,63 @@ fn find(name: &str) -> Option<PathBuf> {
     [dir.join(name), dir.join(format!("{name}.gguf"))]
         .into_iter()
         .find(|p| p.is_file())
+}
+
+/// `--list-models`: the models folder's GGUF files with size, architecture
+/// and parameter count, read from their headers (no weights loaded).
+pub fn list(out: &mut dyn std::io::Write) -> Result<()> {
+    let Some(dir) = models_dir() else {
+        return Err(CmplError::internal("no cache directory on this system"));
+    };
+    let mut files: Vec<PathBuf> = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    files.sort();
+    if files.is_empty() {
+        writeln!(out, "no models in {}. {HOW_TO_GET}", dir.display())?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "{:<40} {:>9} {:<14} {:>8}",
+        "NAME", "SIZE", "ARCHITECTURE", "PARAMS"
+    )?;
+    for path in files {
+        let name = path
+            .file_stem()
+            .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+        match crate::gguf::inspect(&path) {
+            Ok(info) => writeln!(
+                out,
+                "{:<40} {:>9} {:<14} {:>8}",
+                name,
+                size_text(info.file_size),
+                info.architecture().unwrap_or("?"),
+                count_text(info.parameter_count)
+            )?,
+            Err(e) => writeln!(out, "{name:<40} invalid: {e}")?,
+        }
+    }
+    Ok(())
+}
+
+fn size_text(bytes: u64) -> String {
+    let mb = bytes as f64 / 1e6;
+    if mb >= 1000.0 {
+        format!("{:.1} GB", mb / 1000.0)
+    } else {
+        format!("{mb:.0} MB")
+    }
+}
+
+fn count_text(n: u64) -> String {
+    match n {
+        n if n >= 1_000_000_000 => format!("{:.1}B", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.0}M", n as f64 / 1e6),
+        n => format!("{:.0}K", n as f64 / 1e3),
+    }
 }

@@ -30,6 +30,10 @@ pub struct Printer<W: Write> {
     prompt_tokens: u32,
     /// Text mode: whether the last byte written was a newline.
     at_line_start: bool,
+    /// Text mode on a colour terminal: dim the echoed prompt, and colour
+    /// tokens by probability when logprobs were asked for.
+    color: bool,
+    heat_map: bool,
 }
 
 impl<W: Write> Printer<W> {
@@ -39,7 +43,9 @@ impl<W: Write> Printer<W> {
         header: ResponseHeader,
         request: &crate::request::Request,
         tty: bool,
+        color: bool,
     ) -> Self {
+        let color = color && format == Format::Text;
         Printer {
             out,
             format,
@@ -51,6 +57,8 @@ impl<W: Write> Printer<W> {
             tty,
             prompt_tokens: 0,
             at_line_start: true,
+            color,
+            heat_map: color && request.logprobs.is_some() && request.n == 1,
         }
     }
 
@@ -68,7 +76,7 @@ impl<W: Write> Printer<W> {
                 match self.format {
                     Format::Text if self.n == 1 && self.echo => {
                         let prompt = self.prompt.clone();
-                        self.write_text(&prompt)?;
+                        self.write_styled(&prompt, Style::Dim)?;
                     }
                     Format::Sse => {
                         for choice in 0..self.n {
@@ -81,7 +89,13 @@ impl<W: Write> Printer<W> {
                     _ => {}
                 }
             }
-            (Format::Text, Event::Token { text, .. }) if self.n == 1 => self.write_text(text)?,
+            (Format::Text, Event::Token { text, token, .. }) if self.n == 1 => {
+                let style = match token.logprob {
+                    Some(lp) if self.heat_map => Style::Heat(lp.exp()),
+                    _ => Style::Plain,
+                };
+                self.write_styled(text, style)?;
+            }
             (
                 Format::Sse,
                 Event::Token {
@@ -130,6 +144,24 @@ impl<W: Write> Printer<W> {
         if self.format == Format::Text && self.tty && !self.at_line_start {
             self.out.write_all(b"\n")?;
             self.at_line_start = true;
+        }
+        Ok(())
+    }
+
+    fn write_styled(&mut self, text: &str, style: Style) -> Result<()> {
+        use crossterm::style::Stylize;
+        if !self.color || text.is_empty() {
+            return self.write_text(text);
+        }
+        let styled = match style {
+            Style::Plain => return self.write_text(text),
+            Style::Dim => format!("{}", text.dim()),
+            Style::Heat(p) => format!("{}", text.with(heat_color(p))),
+        };
+        self.out.write_all(styled.as_bytes())?;
+        self.at_line_start = text.ends_with('\n');
+        if self.live {
+            self.out.flush()?;
         }
         Ok(())
     }
@@ -242,6 +274,45 @@ pub fn response(
         },
         choices: result.choices,
     }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Style {
+    Plain,
+    Dim,
+    /// A generated token of this probability.
+    Heat(f32),
+}
+
+/// Probability bands of the heat-map, most likely first, with their colours.
+const HEAT: [(f32, u8, &str); 4] = [
+    (0.75, 46, "≥75%"),
+    (0.4, 226, "≥40%"),
+    (0.1, 208, "≥10%"),
+    (0.0, 196, "<10%"),
+];
+
+fn heat_color(p: f32) -> crossterm::style::Color {
+    let band = HEAT
+        .iter()
+        .find(|(min, _, _)| p >= *min)
+        .unwrap_or(&HEAT[3]);
+    crossterm::style::Color::AnsiValue(band.1)
+}
+
+/// The heat-map's one-line legend, for stderr.
+pub fn heat_legend() -> String {
+    use crossterm::style::Stylize;
+    let bands: Vec<String> = HEAT
+        .iter()
+        .map(|(_, c, label)| {
+            format!(
+                "{} {label}",
+                "██".with(crossterm::style::Color::AnsiValue(*c))
+            )
+        })
+        .collect();
+    format!("token probability: {}", bands.join("  "))
 }
 
 /// A prompt token's text as it appears in the prompt (special tokens such as

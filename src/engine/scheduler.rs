@@ -114,8 +114,11 @@ impl Engine {
             return Ok(());
         }
         let batch_size = PROMPT_CHUNK.max(opts.parallel as usize);
+        // llama.cpp clamps the batch to the context, and needs a batch at
+        // least as wide as the sequences it decodes together.
+        let cells = opts.cells.max(opts.parallel);
         let params = LlamaContextParams::default()
-            .with_n_ctx(NonZeroU32::new(opts.cells.max(1)))
+            .with_n_ctx(NonZeroU32::new(cells))
             .with_n_batch(batch_size as u32)
             .with_n_ubatch(batch_size as u32)
             .with_n_seq_max(opts.parallel)
@@ -130,7 +133,7 @@ impl Engine {
         let mut run = Run {
             engine: self,
             free_seqs: (0..opts.parallel as i32).rev().collect(),
-            free_cells: opts.cells,
+            free_cells: cells,
             states: Vec::new(),
             running: Vec::new(),
         };
@@ -156,7 +159,7 @@ impl Engine {
                         job.request.n,
                         job.cells(),
                         opts.parallel,
-                        opts.cells
+                        cells
                     )));
                 }
                 continue;

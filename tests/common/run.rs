@@ -28,8 +28,11 @@ pub struct Cmpl {
 
 pub fn cmpl(args: &[&str]) -> Cmpl {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_cmpl"));
+    // No user config file may leak into a test.
+    let no_config = std::env::temp_dir().join("cmpl-tests-no-config");
     cmd.args(args)
         .env("CMPL_MODEL", model_path())
+        .env("XDG_CONFIG_HOME", no_config)
         .env_remove("CMPL_CONFIG")
         .env_remove("NO_COLOR");
     Cmpl { cmd, stdin: None }

@@ -1,0 +1,67 @@
+
+using namespace System.Management.Automation
+using namespace System.Management.Automation.Language
+
+Register-ArgumentCompleter -Native -CommandName 'cmpl' -ScriptBlock {
+    param($wordToComplete, $commandAst, $cursorPosition)
+
+    $commandElements = $commandAst.CommandElements
+    $command = @(
+        'cmpl'
+        for ($i = 1; $i -lt $commandElements.Count; $i++) {
+            $element = $commandElements[$i]
+            if ($element -isnot [StringConstantExpressionAst] -or
+                $element.StringConstantType -ne [StringConstantType]::BareWord -or
+                $element.Value.StartsWith('-') -or
+                $element.Value -eq $wordToComplete) {
+                break
+        }
+        $element.Value
+    }) -join ';'
+
+    $completions = @(switch ($command) {
+        'cmpl' {
+            [CompletionResult]::new('-m', '-m', [CompletionResultType]::ParameterName, 'GGUF model file, or the name of one in the models folder [default: $CMPL_MODEL, the config''s model, then gemma-3-270m-q4_k_m.gguf in the cache dir]')
+            [CompletionResult]::new('--model', '--model', [CompletionResultType]::ParameterName, 'GGUF model file, or the name of one in the models folder [default: $CMPL_MODEL, the config''s model, then gemma-3-270m-q4_k_m.gguf in the cache dir]')
+            [CompletionResult]::new('--max-tokens', '--max-tokens', [CompletionResultType]::ParameterName, 'Tokens to generate per choice, 1.. [default: 128]')
+            [CompletionResult]::new('--stop', '--stop', [CompletionResultType]::ParameterName, 'Stop when the text contains this string (not included); repeatable')
+            [CompletionResult]::new('--temperature', '--temperature', [CompletionResultType]::ParameterName, 'Sampling temperature, 0..2; 0 is greedy and deterministic [default: 0.7]')
+            [CompletionResult]::new('--top-p', '--top-p', [CompletionResultType]::ParameterName, 'Nucleus sampling: keep the most likely tokens up to this total probability, 0..1 [default: 1, off]')
+            [CompletionResult]::new('--top-k', '--top-k', [CompletionResultType]::ParameterName, 'Keep only the K most likely tokens, 0.. [default: 0, off]')
+            [CompletionResult]::new('--repetition-penalty', '--repetition-penalty', [CompletionResultType]::ParameterName, 'Divide the logits of tokens already seen, 0..10 exclusive of 0 [default: 1, off]')
+            [CompletionResult]::new('--stream', '--stream', [CompletionResultType]::ParameterName, 'Print tokens as they are generated (Server-Sent Events with --json)')
+            [CompletionResult]::new('--logprobs', '--logprobs', [CompletionResultType]::ParameterName, 'Return each token''s log-probability and the K most likely alternatives, 0..20')
+            [CompletionResult]::new('--echo', '--echo', [CompletionResultType]::ParameterName, 'Return the prompt too (with its logprobs when --logprobs is set)')
+            [CompletionResult]::new('-n', '-n', [CompletionResultType]::ParameterName, 'Number of choices to generate for the prompt, 1..128 [default: 1]')
+            [CompletionResult]::new('--n', '--n', [CompletionResultType]::ParameterName, 'Number of choices to generate for the prompt, 1..128 [default: 1]')
+            [CompletionResult]::new('--safety-model', '--safety-model', [CompletionResultType]::ParameterName, 'Moderation model (not supported in this release: refused with an error)')
+            [CompletionResult]::new('--min-p', '--min-p', [CompletionResultType]::ParameterName, 'Drop tokens less likely than P times the most likely one, 0..1 [default: 0, off]')
+            [CompletionResult]::new('--presence-penalty', '--presence-penalty', [CompletionResultType]::ParameterName, 'Penalize tokens that have appeared at all, -2..2 [default: 0]')
+            [CompletionResult]::new('--frequency-penalty', '--frequency-penalty', [CompletionResultType]::ParameterName, 'Penalize tokens by how often they have appeared, -2..2 [default: 0]')
+            [CompletionResult]::new('--logit-bias', '--logit-bias', [CompletionResultType]::ParameterName, 'Add BIAS (-100..100) to token ID''s logit; repeatable')
+            [CompletionResult]::new('--seed', '--seed', [CompletionResultType]::ParameterName, 'Seed for sampling, 0..4294967295; choice i uses SEED+i [default: random, reported]')
+            [CompletionResult]::new('--request', '--request', [CompletionResultType]::ParameterName, 'Read the JSON request from FILE (''-'' for stdin)')
+            [CompletionResult]::new('--prompt-file', '--prompt-file', [CompletionResultType]::ParameterName, 'Read the prompt as plain text from FILE (''-'' for stdin)')
+            [CompletionResult]::new('--batch', '--batch', [CompletionResultType]::ParameterName, 'Answer a JSON Lines file of requests (stdin without FILE), one JSON line out per line in, in order, decoding the requests together. Exit 1 if any line failed. Lines with "stream": true get a whole response')
+            [CompletionResult]::new('--parallel', '--parallel', [CompletionResultType]::ParameterName, 'Sequences decoded together in --batch mode [default: 16]')
+            [CompletionResult]::new('-t', '-t', [CompletionResultType]::ParameterName, 'CPU threads [default: physical cores]')
+            [CompletionResult]::new('--threads', '--threads', [CompletionResultType]::ParameterName, 'CPU threads [default: physical cores]')
+            [CompletionResult]::new('-c', '-c', [CompletionResultType]::ParameterName, 'KV cache size in tokens [default: sized to the request, at most the model''s training context]')
+            [CompletionResult]::new('--ctx-size', '--ctx-size', [CompletionResultType]::ParameterName, 'KV cache size in tokens [default: sized to the request, at most the model''s training context]')
+            [CompletionResult]::new('--n-gpu-layers', '--n-gpu-layers', [CompletionResultType]::ParameterName, 'Layers to offload to the GPU (also -ngl) [default: all, when built with a GPU backend]')
+            [CompletionResult]::new('--color', '--color', [CompletionResultType]::ParameterName, 'When to colour output')
+            [CompletionResult]::new('--generate', '--generate', [CompletionResultType]::ParameterName, 'Print the man page or a shell completion script')
+            [CompletionResult]::new('--json', '--json', [CompletionResultType]::ParameterName, 'Print the API''s JSON: one CompletionResponse, or SSE chunks with --stream')
+            [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'Show llama.cpp''s own log on stderr')
+            [CompletionResult]::new('--list-models', '--list-models', [CompletionResultType]::ParameterName, 'List the models in the models folder with size, architecture and parameters')
+            [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print the version and the GPU backends compiled in')
+            [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print the version and the GPU backends compiled in')
+            [CompletionResult]::new('-h', '-h', [CompletionResultType]::ParameterName, 'Print help')
+            [CompletionResult]::new('--help', '--help', [CompletionResultType]::ParameterName, 'Print help')
+            break
+        }
+    })
+
+    $completions.Where{ $_.CompletionText -like "$wordToComplete*" } |
+        Sort-Object -Property ListItemText
+}

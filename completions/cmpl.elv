@@ -1,0 +1,61 @@
+
+use builtin;
+use str;
+
+set edit:completion:arg-completer[cmpl] = {|@words|
+    fn spaces {|n|
+        builtin:repeat $n ' ' | str:join ''
+    }
+    fn cand {|text desc|
+        edit:complex-candidate $text &display=$text' '(spaces (- 14 (wcswidth $text)))$desc
+    }
+    var command = 'cmpl'
+    for word $words[1..-1] {
+        if (str:has-prefix $word '-') {
+            break
+        }
+        set command = $command';'$word
+    }
+    var completions = [
+        &'cmpl'= {
+            cand -m 'GGUF model file, or the name of one in the models folder [default: $CMPL_MODEL, the config''s model, then gemma-3-270m-q4_k_m.gguf in the cache dir]'
+            cand --model 'GGUF model file, or the name of one in the models folder [default: $CMPL_MODEL, the config''s model, then gemma-3-270m-q4_k_m.gguf in the cache dir]'
+            cand --max-tokens 'Tokens to generate per choice, 1.. [default: 128]'
+            cand --stop 'Stop when the text contains this string (not included); repeatable'
+            cand --temperature 'Sampling temperature, 0..2; 0 is greedy and deterministic [default: 0.7]'
+            cand --top-p 'Nucleus sampling: keep the most likely tokens up to this total probability, 0..1 [default: 1, off]'
+            cand --top-k 'Keep only the K most likely tokens, 0.. [default: 0, off]'
+            cand --repetition-penalty 'Divide the logits of tokens already seen, 0..10 exclusive of 0 [default: 1, off]'
+            cand --stream 'Print tokens as they are generated (Server-Sent Events with --json)'
+            cand --logprobs 'Return each token''s log-probability and the K most likely alternatives, 0..20'
+            cand --echo 'Return the prompt too (with its logprobs when --logprobs is set)'
+            cand -n 'Number of choices to generate for the prompt, 1..128 [default: 1]'
+            cand --n 'Number of choices to generate for the prompt, 1..128 [default: 1]'
+            cand --safety-model 'Moderation model (not supported in this release: refused with an error)'
+            cand --min-p 'Drop tokens less likely than P times the most likely one, 0..1 [default: 0, off]'
+            cand --presence-penalty 'Penalize tokens that have appeared at all, -2..2 [default: 0]'
+            cand --frequency-penalty 'Penalize tokens by how often they have appeared, -2..2 [default: 0]'
+            cand --logit-bias 'Add BIAS (-100..100) to token ID''s logit; repeatable'
+            cand --seed 'Seed for sampling, 0..4294967295; choice i uses SEED+i [default: random, reported]'
+            cand --request 'Read the JSON request from FILE (''-'' for stdin)'
+            cand --prompt-file 'Read the prompt as plain text from FILE (''-'' for stdin)'
+            cand --batch 'Answer a JSON Lines file of requests (stdin without FILE), one JSON line out per line in, in order, decoding the requests together. Exit 1 if any line failed. Lines with "stream": true get a whole response'
+            cand --parallel 'Sequences decoded together in --batch mode [default: 16]'
+            cand -t 'CPU threads [default: physical cores]'
+            cand --threads 'CPU threads [default: physical cores]'
+            cand -c 'KV cache size in tokens [default: sized to the request, at most the model''s training context]'
+            cand --ctx-size 'KV cache size in tokens [default: sized to the request, at most the model''s training context]'
+            cand --n-gpu-layers 'Layers to offload to the GPU (also -ngl) [default: all, when built with a GPU backend]'
+            cand --color 'When to colour output'
+            cand --generate 'Print the man page or a shell completion script'
+            cand --json 'Print the API''s JSON: one CompletionResponse, or SSE chunks with --stream'
+            cand --verbose 'Show llama.cpp''s own log on stderr'
+            cand --list-models 'List the models in the models folder with size, architecture and parameters'
+            cand -V 'Print the version and the GPU backends compiled in'
+            cand --version 'Print the version and the GPU backends compiled in'
+            cand -h 'Print help'
+            cand --help 'Print help'
+        }
+    ]
+    $completions[$command]
+}

@@ -1,0 +1,40 @@
+complete -c cmpl -s m -l model -d 'GGUF model file, or the name of one in the models folder [default: $CMPL_MODEL, the config\'s model, then gemma-3-270m-q4_k_m.gguf in the cache dir]' -r
+complete -c cmpl -l max-tokens -d 'Tokens to generate per choice, 1.. [default: 128]' -r
+complete -c cmpl -l stop -d 'Stop when the text contains this string (not included); repeatable' -r
+complete -c cmpl -l temperature -d 'Sampling temperature, 0..2; 0 is greedy and deterministic [default: 0.7]' -r
+complete -c cmpl -l top-p -d 'Nucleus sampling: keep the most likely tokens up to this total probability, 0..1 [default: 1, off]' -r
+complete -c cmpl -l top-k -d 'Keep only the K most likely tokens, 0.. [default: 0, off]' -r
+complete -c cmpl -l repetition-penalty -d 'Divide the logits of tokens already seen, 0..10 exclusive of 0 [default: 1, off]' -r
+complete -c cmpl -l stream -d 'Print tokens as they are generated (Server-Sent Events with --json)' -r -f -a "true\t''
+false\t''"
+complete -c cmpl -l logprobs -d 'Return each token\'s log-probability and the K most likely alternatives, 0..20' -r
+complete -c cmpl -l echo -d 'Return the prompt too (with its logprobs when --logprobs is set)' -r -f -a "true\t''
+false\t''"
+complete -c cmpl -s n -l n -d 'Number of choices to generate for the prompt, 1..128 [default: 1]' -r
+complete -c cmpl -l safety-model -d 'Moderation model (not supported in this release: refused with an error)' -r
+complete -c cmpl -l min-p -d 'Drop tokens less likely than P times the most likely one, 0..1 [default: 0, off]' -r
+complete -c cmpl -l presence-penalty -d 'Penalize tokens that have appeared at all, -2..2 [default: 0]' -r
+complete -c cmpl -l frequency-penalty -d 'Penalize tokens by how often they have appeared, -2..2 [default: 0]' -r
+complete -c cmpl -l logit-bias -d 'Add BIAS (-100..100) to token ID\'s logit; repeatable' -r
+complete -c cmpl -l seed -d 'Seed for sampling, 0..4294967295; choice i uses SEED+i [default: random, reported]' -r
+complete -c cmpl -l request -d 'Read the JSON request from FILE (\'-\' for stdin)' -r -F
+complete -c cmpl -l prompt-file -d 'Read the prompt as plain text from FILE (\'-\' for stdin)' -r -F
+complete -c cmpl -l batch -d 'Answer a JSON Lines file of requests (stdin without FILE), one JSON line out per line in, in order, decoding the requests together. Exit 1 if any line failed. Lines with "stream": true get a whole response' -r -F
+complete -c cmpl -l parallel -d 'Sequences decoded together in --batch mode [default: 16]' -r
+complete -c cmpl -s t -l threads -d 'CPU threads [default: physical cores]' -r
+complete -c cmpl -s c -l ctx-size -d 'KV cache size in tokens [default: sized to the request, at most the model\'s training context]' -r
+complete -c cmpl -l n-gpu-layers -d 'Layers to offload to the GPU (also -ngl) [default: all, when built with a GPU backend]' -r
+complete -c cmpl -l color -d 'When to colour output' -r -f -a "auto\t''
+always\t''
+never\t''"
+complete -c cmpl -l generate -d 'Print the man page or a shell completion script' -r -f -a "man\t''
+complete-bash\t''
+complete-zsh\t''
+complete-fish\t''
+complete-powershell\t''
+complete-elvish\t''"
+complete -c cmpl -l json -d 'Print the API\'s JSON: one CompletionResponse, or SSE chunks with --stream'
+complete -c cmpl -l verbose -d 'Show llama.cpp\'s own log on stderr'
+complete -c cmpl -l list-models -d 'List the models in the models folder with size, architecture and parameters'
+complete -c cmpl -s V -l version -d 'Print the version and the GPU backends compiled in'
+complete -c cmpl -s h -l help -d 'Print help'

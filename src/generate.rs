@@ -1,0 +1,151 @@
+//! `--generate KIND`: the man page and shell completions, made from the clap
+//! definitions so every flag is documented from its one definition.
+//! The checked-in `man/` and `completions/` files are this output.
+
+use crate::cli::Cli;
+use clap::{CommandFactory, ValueEnum};
+use clap_complete::Shell;
+use clap_mangen::roff::{bold, italic, roman, Roff};
+use std::io::Write;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Kind {
+    Man,
+    CompleteBash,
+    CompleteZsh,
+    CompleteFish,
+    CompletePowershell,
+    CompleteElvish,
+}
+
+impl Kind {
+    /// Where the generated file lives in the source tree.
+    pub fn path(self) -> &'static str {
+        match self {
+            Kind::Man => "man/cmpl.1",
+            Kind::CompleteBash => "completions/cmpl.bash",
+            Kind::CompleteZsh => "completions/_cmpl",
+            Kind::CompleteFish => "completions/cmpl.fish",
+            Kind::CompletePowershell => "completions/_cmpl.ps1",
+            Kind::CompleteElvish => "completions/cmpl.elv",
+        }
+    }
+}
+
+pub fn generate(kind: Kind, out: &mut dyn Write) -> std::io::Result<()> {
+    let mut cmd = Cli::command();
+    let shell = match kind {
+        Kind::Man => return man(out),
+        Kind::CompleteBash => Shell::Bash,
+        Kind::CompleteZsh => Shell::Zsh,
+        Kind::CompleteFish => Shell::Fish,
+        Kind::CompletePowershell => Shell::PowerShell,
+        Kind::CompleteElvish => Shell::Elvish,
+    };
+    clap_complete::generate(shell, &mut cmd, "cmpl", out);
+    Ok(())
+}
+
+/// Sections beyond the flags: how input is read, exit codes, environment,
+/// files and examples.
+const SECTIONS: &[(&str, &[&str])] = &[
+    (
+        "INPUT",
+        &[
+            "With PROMPT, that is the prompt. Without it, standard input is read when it is not a terminal. \
+             Input that starts with '{' is a JSON CompletionRequest: its fields are the request, flags given on \
+             the command line override them, and the answer is JSON (errors included). Anything else is the \
+             prompt as plain text. --request FILE forces the JSON reading, --prompt-file FILE the text reading \
+             ('-' for standard input).",
+            "Every field of the request is also a flag: the field name in kebab case (max_tokens is --max-tokens). \
+             Unknown fields, wrong types and out-of-range values are errors, never silently ignored or clamped.",
+            "Defaults come, lowest first, from built-in values, the config file, the JSON request, and flags.",
+        ],
+    ),
+    (
+        "OUTPUT",
+        &[
+            "Text mode prints the completion and nothing else on standard output; on a terminal tokens appear \
+             as they are generated and a final newline is added. With -n above 1, each choice is printed under \
+             a '--- choice I (seed S, REASON) ---' header. --json prints one CompletionResponse object on one \
+             line; --stream --json prints Server-Sent Events, one 'data: <CompletionChunk>' per token and a \
+             final 'data: [DONE]'. --batch prints one JSON line per input line.",
+            "With --logprobs on a terminal, text mode colours each generated token by its probability (a \
+             legend goes to standard error); with --echo the prompt is dimmed.",
+        ],
+    ),
+    (
+        "EXIT STATUS",
+        &[
+            "0 success; 1 model or runtime error (missing or invalid model, context too small, I/O); 2 invalid \
+             request (a flag, field or value, or the config file); 130 interrupted by SIGINT. With --batch, 1 \
+             when any line failed. A closed standard output (cmpl ... | head) ends the run quietly with 0.",
+        ],
+    ),
+    (
+        "ENVIRONMENT",
+        &[
+            "CMPL_MODEL: the model when neither -m nor the request names one (before the config file's).",
+            "CMPL_CONFIG: the config file to read instead of the default one.",
+            "NO_COLOR: when set and not empty, no colour (as --color never).",
+            "SOURCE_DATE_EPOCH: with --batch, the 'created' time of every response, so that the same input \
+             gives a byte-identical output file.",
+        ],
+    ),
+    (
+        "FILES",
+        &[
+            "~/.config/cmpl/config.json: defaults, one JSON object. Keys: any request field under its own name \
+             (max_tokens, temperature, stop, ...) and model, threads, n_gpu_layers, ctx_size. A bad key or value \
+             is an error naming the file and the key (exit 2).",
+            "~/.cache/cmpl/models/: models found by name (-m NAME finds NAME or NAME.gguf here), listed by \
+             --list-models; the default model is gemma-3-270m-q4_k_m.gguf. (Platform cache and config dirs \
+             elsewhere.)",
+        ],
+    ),
+    (
+        "EXAMPLES",
+        &[
+            "cmpl \"The capital of France is\" --max-tokens 16 --temperature 0",
+            "echo '{\"prompt\":\"Once upon a time\",\"max_tokens\":32,\"n\":2}' | cmpl",
+            "cmpl --stream --json \"def fib(n):\" --stop $'\\n\\n'",
+            "cmpl --json \"The sky is\" --max-tokens 4 --logprobs 3 --echo",
+            "cmpl --batch requests.jsonl > answers.jsonl",
+        ],
+    ),
+];
+
+fn man(out: &mut dyn Write) -> std::io::Result<()> {
+    let cmd = Cli::command().version(env!("CARGO_PKG_VERSION"));
+    let man = clap_mangen::Man::new(cmd)
+        .date("")
+        .source(format!("cmpl {}", env!("CARGO_PKG_VERSION")));
+    man.render_title(out)?;
+    man.render_name_section(out)?;
+    man.render_synopsis_section(out)?;
+    let mut roff = Roff::new();
+    roff.control("SH", ["DESCRIPTION"]).text([roman(
+        "cmpl is the /completions API as a command-line tool: it loads a GGUF model through llama.cpp and \
+         completes a prompt, printing the text, the API's JSON response, or its stream of events.",
+    )]);
+    roff.to_writer(out)?;
+    man.render_options_section(out)?;
+    let mut roff = Roff::new();
+    for (title, paragraphs) in SECTIONS {
+        roff.control("SH", [*title]);
+        for p in *paragraphs {
+            let text = if *title == "EXAMPLES" {
+                bold(*p)
+            } else {
+                roman(*p)
+            };
+            roff.control("PP", []).text([text]);
+        }
+    }
+    roff.control("SH", ["SEE ALSO"]).text([
+        italic("llama-completion"),
+        roman("(1), the API contract in completions.openapi.yaml"),
+    ]);
+    roff.to_writer(out)?;
+    man.render_version_section(out)
+}

@@ -1,0 +1,269 @@
+//! Shell integration: generated files, the config file, models by name,
+//! colour rules.
+
+mod common;
+use common::run::{cmpl, model_path};
+use std::path::PathBuf;
+
+const KINDS: &[(&str, &str)] = &[
+    ("man", "man/cmpl.1"),
+    ("complete-bash", "completions/cmpl.bash"),
+    ("complete-zsh", "completions/_cmpl"),
+    ("complete-fish", "completions/cmpl.fish"),
+    ("complete-powershell", "completions/_cmpl.ps1"),
+    ("complete-elvish", "completions/cmpl.elv"),
+];
+
+#[test]
+fn checked_in_files_are_what_the_code_generates() {
+    for (kind, path) in KINDS {
+        let out = cmpl(&["--generate", kind]).run();
+        let file =
+            std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)).unwrap();
+        assert!(
+            out.ok() == file,
+            "{path} is stale: regenerate with `cmpl --generate {kind} > {path}`"
+        );
+    }
+}
+
+#[test]
+fn man_page_renders_without_warnings() {
+    let page = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("man/cmpl.1");
+    let out = std::process::Command::new("groff")
+        .args(["-man", "-Tutf8", "-ww", "-z"])
+        .arg(&page)
+        .output()
+        .expect("groff is needed to check the man page (scripts/install-deps installs it)");
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "", "groff warnings");
+    let text = std::fs::read_to_string(&page).unwrap();
+    for needle in [
+        "EXIT STATUS",
+        "ENVIRONMENT",
+        "FILES",
+        "EXAMPLES",
+        "INPUT",
+        "\\-\\-max\\-tokens",
+        "0..20",
+        "CMPL_CONFIG",
+    ] {
+        assert!(text.contains(needle), "man page lacks {needle}");
+    }
+}
+
+fn config(name: &str, body: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("cmpl-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(name);
+    std::fs::write(&file, body).unwrap();
+    file
+}
+
+fn completion_tokens(args: &[&str], config_file: &PathBuf, stdin: Option<&str>) -> u64 {
+    let mut c = cmpl(args).env("CMPL_CONFIG", config_file);
+    if let Some(s) = stdin {
+        c = c.stdin(s);
+    }
+    let out = c.run();
+    out.ok();
+    out.json()["usage"]["completion_tokens"].as_u64().unwrap()
+}
+
+#[test]
+fn config_precedence_flags_then_request_then_config() {
+    let file = config(
+        "precedence.json",
+        r#"{"max_tokens": 3, "temperature": 0, "threads": 1}"#,
+    );
+    assert_eq!(
+        completion_tokens(&["Hi", "--json"], &file, None),
+        3,
+        "config over built-in"
+    );
+    let req = r#"{"prompt": "Hi", "max_tokens": 5}"#;
+    assert_eq!(
+        completion_tokens(&[], &file, Some(req)),
+        5,
+        "request over config"
+    );
+    assert_eq!(
+        completion_tokens(&["--max-tokens", "2"], &file, Some(req)),
+        2,
+        "flag over request"
+    );
+    // The config's temperature 0 makes it greedy.
+    let out = cmpl(&["The capital of France is", "--max-tokens", "8"])
+        .env("CMPL_CONFIG", &file)
+        .run();
+    assert_eq!(out.ok(), " the capital of the country of France.");
+    // The default config location is read too.
+    let home = std::env::temp_dir().join(format!("cmpl-xdg-{}", std::process::id()));
+    std::fs::create_dir_all(home.join("cmpl")).unwrap();
+    std::fs::write(home.join("cmpl/config.json"), r#"{"max_tokens": 4}"#).unwrap();
+    let out = cmpl(&["Hi", "--json"]).env("XDG_CONFIG_HOME", &home).run();
+    assert_eq!(out.json()["usage"]["completion_tokens"], 4);
+}
+
+#[test]
+fn config_model_is_below_the_environment() {
+    let file = config(
+        "model.json",
+        r#"{"model": "/nonexistent/from-config.gguf"}"#,
+    );
+    // CMPL_MODEL (set by the harness) wins over the config's model.
+    cmpl(&["Hi", "--max-tokens", "1"])
+        .env("CMPL_CONFIG", &file)
+        .run()
+        .ok();
+    let out = cmpl(&["Hi"])
+        .env("CMPL_CONFIG", &file)
+        .env_remove("CMPL_MODEL")
+        .run();
+    out.fails(1, "from-config.gguf");
+}
+
+#[test]
+fn a_broken_config_names_the_file_the_key_and_the_problem() {
+    let cases = [
+        ("bad-json.json", "{\"temperature\": 0,", "not valid JSON"),
+        ("not-object.json", "[1]", "must be one JSON object"),
+        (
+            "unknown.json",
+            "{\"temprature\": 0}",
+            "key `temprature`: unknown key",
+        ),
+        (
+            "range.json",
+            "{\"temperature\": 9}",
+            "key `temperature`: `temperature` must be a number from 0 to 2",
+        ),
+        ("type.json", "{\"stop\": \"\\n\"}", "key `stop`"),
+        (
+            "threads.json",
+            "{\"threads\": -1}",
+            "key `threads`: must be a whole number",
+        ),
+        ("prompt.json", "{\"prompt\": \"x\"}", "key `prompt`"),
+    ];
+    for (name, body, says) in cases {
+        let file = config(name, body);
+        let out = cmpl(&["Hi", "--json"]).env("CMPL_CONFIG", &file).run();
+        let stderr = out.fails(2, says);
+        assert!(
+            stderr.contains(file.to_str().unwrap()),
+            "names the file: {stderr}"
+        );
+        common::schema::assert_valid("ErrorData", &out.json());
+    }
+    let out = cmpl(&["Hi"])
+        .env("CMPL_CONFIG", "/nonexistent/cmpl.json")
+        .run();
+    out.fails(2, "/nonexistent/cmpl.json: cannot read it");
+}
+
+#[test]
+fn models_are_found_by_name() {
+    let name = model_path()
+        .file_stem()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    for given in [name.clone(), format!("{name}.gguf")] {
+        let out = cmpl(&["-m", &given, "Hi", "--max-tokens", "1", "--json"])
+            .env_remove("CMPL_MODEL")
+            .run();
+        out.ok();
+        assert_eq!(
+            out.json()["model"],
+            given.as_str(),
+            "the response names the model as given"
+        );
+    }
+    let out = cmpl(&["-m", "no-such-model", "Hi"]).run();
+    out.fails(1, "model `no-such-model` not found");
+}
+
+#[test]
+fn list_models_reads_the_gguf_metadata() {
+    let out = cmpl(&["--list-models"]).run();
+    let line = out
+        .ok()
+        .lines()
+        .find(|l| l.starts_with("gemma-3-270m-q4_k_m "))
+        .unwrap_or_else(|| panic!("test model not listed: {}", out.stdout));
+    let cols: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(cols, ["gemma-3-270m-q4_k_m", "253", "MB", "gemma3", "268M"]);
+    assert!(out.stdout.starts_with("NAME"));
+}
+
+/// Runs cmpl under a pseudo-terminal (util-linux `script`), returning what it printed.
+fn on_a_terminal(args: &str, env: &[(&str, &str)]) -> String {
+    let mut cmd = std::process::Command::new("script");
+    let command = format!("{} {args}", env!("CARGO_BIN_EXE_cmpl"));
+    cmd.args(["-qec", &command, "/dev/null"])
+        .env("CMPL_MODEL", model_path())
+        .env(
+            "XDG_CONFIG_HOME",
+            std::env::temp_dir().join("cmpl-tests-no-config"),
+        )
+        .env_remove("NO_COLOR")
+        .stdin(std::process::Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd
+        .output()
+        .expect("`script` (util-linux) is needed for terminal tests");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn colour_only_when_asked_or_on_a_terminal() {
+    let args = "'The capital of France is' --max-tokens 6 --temperature 0 --echo --logprobs 1";
+    // The SGR codes cmpl writes: dim, and 256-colour foregrounds.
+    let coloured = |s: &str| s.contains("\u{1b}[2m") || s.contains("\u{1b}[38;5;");
+    let tty = on_a_terminal(args, &[]);
+    assert!(
+        tty.contains("\u{1b}[2m"),
+        "prompt dimmed on a terminal: {tty:?}"
+    );
+    assert!(
+        tty.contains("\u{1b}[38;5;"),
+        "tokens coloured by probability: {tty:?}"
+    );
+    assert!(tty.contains("token probability:"), "legend shown: {tty:?}");
+    assert!(
+        !coloured(&on_a_terminal(args, &[("NO_COLOR", "1")])),
+        "NO_COLOR honoured"
+    );
+    assert!(!coloured(&on_a_terminal(
+        &format!("{args} --color never"),
+        &[]
+    )));
+    // Piped: plain text, unless forced.
+    let argv = [
+        "The capital of France is",
+        "--max-tokens",
+        "6",
+        "--temperature",
+        "0",
+        "--echo",
+        "--logprobs",
+        "1",
+    ];
+    let piped = cmpl(&argv).run();
+    assert_eq!(
+        piped.ok(),
+        "The capital of France is the capital of the country of"
+    );
+    let mut forced = argv.to_vec();
+    forced.extend(["--color", "always"]);
+    assert!(coloured(cmpl(&forced).run().ok()));
+    // A terminal gets a final newline, a pipe the exact text.
+    assert!(
+        on_a_terminal("Hi --max-tokens 3 --temperature 0 --color never", &[]).ends_with("\r\n")
+    );
+}
