@@ -229,6 +229,8 @@ fn load(path: &std::path::Path, cli: &Cli) -> Result<Engine> {
         if let Some(bar) = &progress_bar {
             bar.set_position((p * 1000.0) as u64);
         }
+        // Ctrl-C while loading: abandon the load.
+        !INTERRUPTED.load(std::sync::atomic::Ordering::Relaxed)
     });
     if let Some(bar) = bar {
         bar.finish_and_clear();

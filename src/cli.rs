@@ -153,7 +153,7 @@ pub struct Cli {
     #[arg(short = 't', long, value_name = "N", help_heading = "Runtime")]
     pub threads: Option<u32>,
 
-    /// KV cache size in tokens [default: sized to the request, at most the model's training context].
+    /// KV cache size in tokens, shared by all choices [default: sized to the request].
     #[arg(short = 'c', long, value_name = "N", help_heading = "Runtime")]
     pub ctx_size: Option<u32>,
 

@@ -69,6 +69,7 @@ impl<W: Write> Printer<W> {
                 Event::Started {
                     prompt_tokens,
                     prompt,
+                    seeds,
                     ..
                 },
             ) => {
@@ -79,9 +80,10 @@ impl<W: Write> Printer<W> {
                         self.write_styled(&prompt, Style::Dim)?;
                     }
                     Format::Sse => {
-                        for choice in 0..self.n {
+                        for (choice, &seed) in seeds.iter().enumerate() {
                             for t in prompt.unwrap_or_default() {
-                                let chunk = self.chunk(choice, t, &piece_text(t), None, None, 0);
+                                let chunk =
+                                    self.chunk(choice as u32, t, &piece_text(t), None, None, seed);
                                 self.write_sse(&chunk)?;
                             }
                         }

@@ -472,3 +472,38 @@ fn version_names_the_gpu_backends() {
     assert!(out.ok().starts_with("cmpl "));
     assert!(out.stdout.contains("GPU backends: none, CPU only"));
 }
+
+#[test]
+fn stream_with_echo_sends_the_prompt_tokens_first() {
+    let out = cmpl(&[
+        FRANCE,
+        "--max-tokens",
+        "3",
+        "--temperature",
+        "0",
+        "--json",
+        "--stream",
+        "--echo",
+        "--seed",
+        "4",
+    ])
+    .run();
+    out.ok();
+    let chunks = out.sse();
+    assert_eq!(
+        chunks.len(),
+        6 + 3,
+        "one chunk per prompt token, then per generated token"
+    );
+    for c in &chunks {
+        assert_valid("CompletionChunk", c);
+        assert_eq!(c["seed"], 4);
+    }
+    let text: String = chunks
+        .iter()
+        .map(|c| c["choices"][0]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, format!("{FRANCE} the capital of"));
+    assert_eq!(chunks[0]["token"]["special"], true, "BOS");
+    assert!(chunks[..6].iter().all(|c| c["finish_reason"].is_null()));
+}

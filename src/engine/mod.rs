@@ -55,11 +55,12 @@ impl Job {
 }
 
 impl Engine {
-    /// Checks the file, then loads it; `progress` gets 0.0..=1.0 as weights load.
+    /// Checks the file, then loads it; `progress` gets 0.0..=1.0 as weights
+    /// load, and returns false to abandon loading.
     pub fn load(
         path: &Path,
         opts: &LoadOptions,
-        progress: impl FnMut(f32) + 'static,
+        progress: impl FnMut(f32) -> bool + 'static,
     ) -> Result<Engine> {
         let info = crate::gguf::inspect(path)
             .map_err(|e| CmplError::model(format!("{}: {e}", path.display())))?;
@@ -72,11 +73,7 @@ impl Engine {
         if let Some(n) = opts.n_gpu_layers {
             params = params.with_n_gpu_layers(n);
         }
-        let mut progress = progress;
-        let params = params.with_progress_callback(move |p| {
-            progress(p);
-            true
-        });
+        let params = params.with_progress_callback(progress);
         let model = LlamaModel::load_from_file(&backend, path, &params).map_err(|e| {
             CmplError::model(format!(
                 "{}: llama.cpp could not load this model ({e}); run with --verbose to see why",

@@ -42,6 +42,8 @@ pub enum Event<'a> {
         job: usize,
         prompt_tokens: u32,
         prompt: Option<&'a [TokenInfo]>,
+        /// Each choice's seed.
+        seeds: &'a [u32],
     },
     /// A choice produced a token. `text` is what became final with it (the
     /// stop matcher may hold text back, or release several tokens' worth).
@@ -266,6 +268,7 @@ impl Run<'_> {
             job: index,
             prompt_tokens: n_prompt as u32,
             prompt: echo.then_some(prompt_infos.as_slice()),
+            seeds: &job.seeds,
         })?;
         if self.states.len() <= index {
             self.states.resize_with(index + 1, || None);
