@@ -100,9 +100,15 @@ impl StopMatcher {
         self.partial = rest.to_vec();
     }
 
-    /// Byte offset in `held` of the earliest stop match.
+    /// Byte offset in `held` of the first stop match to complete (as a
+    /// stream would meet it, whatever the token split); on a tie, the one
+    /// that starts first.
     fn first_match(&self) -> Option<usize> {
-        self.stops.iter().filter_map(|s| self.held.find(s)).min()
+        self.stops
+            .iter()
+            .filter_map(|s| self.held.find(s).map(|at| (at + s.len(), at)))
+            .min()
+            .map(|(_, at)| at)
     }
 
     /// Length of the longest suffix of `held` that is a proper prefix of a stop.
@@ -168,6 +174,14 @@ mod tests {
         assert_eq!(run(&["b", "a"], &[b"xxab"]), ("xx".into(), true));
     }
 
+    /// Found by the fuzzer: a stop inside another completes first.
+    #[test]
+    fn a_nested_stop_that_completes_first_wins() {
+        assert_eq!(run(&["abc", "b"], &[b"abc"]), ("a".into(), true));
+        assert_eq!(run(&["abc", "b"], &[b"a", b"b", b"c"]), ("a".into(), true));
+        assert_eq!(run(&["abc", "bc"], &[b"xabc"]), ("x".into(), true));
+    }
+
     #[test]
     fn utf8_split_across_tokens() {
         let euro = "€".as_bytes();
@@ -192,7 +206,7 @@ mod tests {
             b"\xe2\x82",
             b"\xac",
         ];
-        let stops = [&["ab\n", "é\n"][..], &["\n\n"], &["ba"], &[]];
+        let stops = [&["ab\n", "é\n"][..], &["\n\n"], &["ba"], &["aba", "b"], &[]];
         let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
         let mut next = |m: u64| {
             state ^= state << 13;

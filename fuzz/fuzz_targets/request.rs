@@ -33,7 +33,10 @@ fn check_error(e: &CmplError, input: &str) {
         2,
         "not an invalid-request error for {input:?}: {e:?}"
     );
-    assert!(e.param.is_some(), "error without param for {input:?}: {e:?}");
+    assert!(
+        e.param.is_some(),
+        "error without param for {input:?}: {e:?}"
+    );
     assert!(!e.message.is_empty(), "empty message for {input:?}");
     // The API's ErrorData must build for any error.
     let data = e.to_error_data();
@@ -66,7 +69,11 @@ fn check_request(r: &Request, input: &str) {
         ("presence_penalty", s.presence_penalty),
         ("frequency_penalty", s.frequency_penalty),
     ] {
-        assert!(p.is_finite() && (-2.0..=2.0).contains(&p), "{name}: {}", ctx());
+        assert!(
+            p.is_finite() && (-2.0..=2.0).contains(&p),
+            "{name}: {}",
+            ctx()
+        );
     }
     assert!(
         s.repetition_penalty.is_finite()
