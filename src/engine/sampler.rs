@@ -1,14 +1,61 @@
 //! The sampler chain for one choice, built from the request.
 
 use crate::request::Sampling;
+use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::logit_bias::LlamaLogitBias;
 use llama_cpp_2::token::LlamaToken;
 
+/// Draws each token of one choice.
+pub struct SamplerChain {
+    /// `None`: plain greedy, an argmax over the logits with no per-token
+    /// copy of the vocabulary (the common `temperature: 0` case).
+    chain: Option<LlamaSampler>,
+}
+
+impl SamplerChain {
+    pub fn new(s: &Sampling, n_vocab: i32, seed: u32, window: i32) -> SamplerChain {
+        let plain_greedy = s.temperature == 0.0
+            && s.logit_bias.is_empty()
+            && s.repetition_penalty == 1.0
+            && s.presence_penalty == 0.0
+            && s.frequency_penalty == 0.0;
+        SamplerChain {
+            chain: (!plain_greedy).then(|| chain(s, n_vocab, seed, window)),
+        }
+    }
+
+    /// Tokens already seen (the prompt), for the penalties.
+    pub fn accept_many(&mut self, tokens: &[LlamaToken]) {
+        if let Some(chain) = &mut self.chain {
+            chain.accept_many(tokens);
+        }
+    }
+
+    /// Draws from output `idx` of the last decode and records the token.
+    pub fn sample(&mut self, ctx: &LlamaContext, idx: i32) -> LlamaToken {
+        match &mut self.chain {
+            Some(chain) => chain.sample(ctx, idx),
+            None => argmax(ctx.get_logits_ith(idx)),
+        }
+    }
+}
+
+/// The first most likely token, as llama.cpp's greedy sampler picks it.
+fn argmax(logits: &[f32]) -> LlamaToken {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] {
+            best = i;
+        }
+    }
+    LlamaToken(best as i32)
+}
+
 /// Order: penalties, logit_bias, top-k, top-p, min-p, temperature, then a
 /// seeded draw; temperature 0 is a plain argmax (deterministic, no RNG).
 /// `window` is how many past tokens the penalties look at: all of them.
-pub fn chain(s: &Sampling, n_vocab: i32, seed: u32, window: i32) -> LlamaSampler {
+fn chain(s: &Sampling, n_vocab: i32, seed: u32, window: i32) -> LlamaSampler {
     let mut stages = Vec::new();
     if s.repetition_penalty != 1.0 || s.presence_penalty != 0.0 || s.frequency_penalty != 0.0 {
         stages.push(LlamaSampler::penalties(

@@ -11,7 +11,6 @@ use crate::stop::StopMatcher;
 use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
-use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::LlamaToken;
 use std::collections::VecDeque;
 use std::num::NonZeroU32;
@@ -82,7 +81,7 @@ struct ChoiceState {
     index: u32,
     seq: i32,
     seed: u32,
-    sampler: LlamaSampler,
+    sampler: sampler::SamplerChain,
     matcher: StopMatcher,
     /// Sampled but not yet decoded; decoded at `pos` in the next step.
     next: LlamaToken,
@@ -241,7 +240,7 @@ impl Run<'_> {
         let window = self.engine.n_ctx_train() as i32;
         let mut choices = Vec::with_capacity(n as usize);
         for (i, &seq) in seqs.iter().enumerate() {
-            let mut sampler = sampler::chain(
+            let mut sampler = sampler::SamplerChain::new(
                 &job.request.sampling,
                 self.engine.model.n_vocab(),
                 job.seeds[i],
