@@ -1346,31 +1346,4 @@ mod tests {
         assert_eq!(shown("a\nb"), "a\\nb");
         assert_eq!(shown(&"x".repeat(100)).chars().count(), 81);
     }
-
-    /// Not a unit test: checks the real model when it has been downloaded.
-    #[test]
-    #[ignore]
-    fn real_model() {
-        let path = Path::new("/root/.cache/cmpl/models/gemma-3-270m-q4_k_m.gguf");
-        let info = inspect(path).unwrap();
-        println!(
-            "arch={:?} version={} tensors={} params={}",
-            info.architecture(),
-            info.version,
-            info.tensor_count,
-            info.parameter_count
-        );
-        for key in [
-            "block_count",
-            "embedding_length",
-            "attention.head_count",
-            "attention.head_count_kv",
-            "attention.key_length",
-            "attention.value_length",
-            "attention.sliding_window",
-            "context_length",
-        ] {
-            println!("{key} = {:?}", info.arch_u64(key));
-        }
-    }
 }

@@ -120,7 +120,6 @@ impl<W: Write> Printer<W> {
                 serde_json::to_writer(&mut self.out, &response).map_err(std::io::Error::from)?;
                 self.out.write_all(b"\n")?;
             }
-            (Format::Sse, Event::Done { .. }) => {}
             _ => {}
         }
         Ok(())
