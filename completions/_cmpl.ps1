@@ -43,7 +43,7 @@ Register-ArgumentCompleter -Native -CommandName 'cmpl' -ScriptBlock {
             [CompletionResult]::new('--request', '--request', [CompletionResultType]::ParameterName, 'Read the JSON request from FILE (''-'' for stdin)')
             [CompletionResult]::new('--prompt-file', '--prompt-file', [CompletionResultType]::ParameterName, 'Read the prompt as plain text from FILE (''-'' for stdin)')
             [CompletionResult]::new('--batch', '--batch', [CompletionResultType]::ParameterName, 'Answer a JSON Lines file of requests (stdin without FILE), one JSON line out per line in, in order, decoding the requests together. Exit 1 if any line failed. Lines with "stream": true get a whole response')
-            [CompletionResult]::new('--parallel', '--parallel', [CompletionResultType]::ParameterName, 'Sequences decoded together in --batch mode [default: 16]')
+            [CompletionResult]::new('--parallel', '--parallel', [CompletionResultType]::ParameterName, 'Sequences decoded together in --batch mode [default: 32, fewer if their KV cache would not fit]')
             [CompletionResult]::new('-t', '-t', [CompletionResultType]::ParameterName, 'CPU threads [default: physical cores]')
             [CompletionResult]::new('--threads', '--threads', [CompletionResultType]::ParameterName, 'CPU threads [default: physical cores]')
             [CompletionResult]::new('-c', '-c', [CompletionResultType]::ParameterName, 'KV cache size in tokens, shared by all choices [default: sized to the request]')

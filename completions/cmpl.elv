@@ -40,7 +40,7 @@ set edit:completion:arg-completer[cmpl] = {|@words|
             cand --request 'Read the JSON request from FILE (''-'' for stdin)'
             cand --prompt-file 'Read the prompt as plain text from FILE (''-'' for stdin)'
             cand --batch 'Answer a JSON Lines file of requests (stdin without FILE), one JSON line out per line in, in order, decoding the requests together. Exit 1 if any line failed. Lines with "stream": true get a whole response'
-            cand --parallel 'Sequences decoded together in --batch mode [default: 16]'
+            cand --parallel 'Sequences decoded together in --batch mode [default: 32, fewer if their KV cache would not fit]'
             cand -t 'CPU threads [default: physical cores]'
             cand --threads 'CPU threads [default: physical cores]'
             cand -c 'KV cache size in tokens, shared by all choices [default: sized to the request]'

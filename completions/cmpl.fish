@@ -20,7 +20,7 @@ complete -c cmpl -l seed -d 'Seed for sampling, 0..4294967295; choice i uses SEE
 complete -c cmpl -l request -d 'Read the JSON request from FILE (\'-\' for stdin)' -r -F
 complete -c cmpl -l prompt-file -d 'Read the prompt as plain text from FILE (\'-\' for stdin)' -r -F
 complete -c cmpl -l batch -d 'Answer a JSON Lines file of requests (stdin without FILE), one JSON line out per line in, in order, decoding the requests together. Exit 1 if any line failed. Lines with "stream": true get a whole response' -r -F
-complete -c cmpl -l parallel -d 'Sequences decoded together in --batch mode [default: 16]' -r
+complete -c cmpl -l parallel -d 'Sequences decoded together in --batch mode [default: 32, fewer if their KV cache would not fit]' -r
 complete -c cmpl -s t -l threads -d 'CPU threads [default: physical cores]' -r
 complete -c cmpl -s c -l ctx-size -d 'KV cache size in tokens, shared by all choices [default: sized to the request]' -r
 complete -c cmpl -l n-gpu-layers -d 'Layers to offload to the GPU (also -ngl) [default: all, when built with a GPU backend]' -r

@@ -259,7 +259,7 @@ pub(crate) fn check_memory(engine: &Engine, cells: u32) -> Result<()> {
     Ok(())
 }
 
-fn available_memory() -> Option<u64> {
+pub(crate) fn available_memory() -> Option<u64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;

@@ -13,9 +13,10 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::Path;
 
-/// Sequences decoded together when `--parallel` is not given: where
-/// llama.cpp's batched decoding on CPU stops gaining much.
-pub const DEFAULT_PARALLEL: u32 = 16;
+/// Sequences decoded together when `--parallel` is not given (fewer when
+/// their KV cache would take over half the free memory): past this,
+/// llama.cpp's batched decoding on CPU gains little.
+pub const DEFAULT_PARALLEL: u32 = 32;
 
 /// What became of one input line.
 enum Line {
@@ -109,11 +110,21 @@ pub fn run(
     // more slots than there are choices in the whole batch.
     let widest = jobs.iter().map(|j| j.request.n).max().unwrap_or(1);
     let choices: u32 = jobs.iter().map(|j| j.request.n).sum();
-    let slots = cli
-        .parallel
-        .unwrap_or(DEFAULT_PARALLEL)
-        .min(choices)
-        .max(widest);
+    let fits = |p: u32| match (
+        engine.kv_bytes(context_cells(&jobs, p)),
+        crate::app::available_memory(),
+    ) {
+        (Some(need), Some(free)) => need <= free / 2,
+        _ => true,
+    };
+    let parallel = cli.parallel.unwrap_or_else(|| {
+        let mut p = DEFAULT_PARALLEL;
+        while p > 1 && !fits(p) {
+            p /= 2;
+        }
+        p
+    });
+    let slots = parallel.min(choices).max(widest);
     let cells = match cli.ctx_size {
         Some(c) => c,
         None => context_cells(&jobs, slots),
