@@ -132,23 +132,22 @@ fn clap_error(e: clap::Error, json: bool) -> i32 {
 fn run(cli: &Cli, defaults: &Defaults, json: &mut bool) -> Result<()> {
     // A JSON request is answered in JSON, including the errors found reading it.
     *json |= cli.request.is_some();
-    let (base, came_as_json) = match input::read(cli)? {
+    let base = match input::read(cli)? {
         Input::Json {
             text,
             origin,
             detected,
         } => {
             *json = true;
-            (Input::parse_json(&text, &origin, detected)?, true)
+            Input::parse_json(&text, &origin, detected)?
         }
         Input::Text(prompt) => {
             let mut raw = request::RawRequest::default();
             raw.set("prompt", serde_json::Value::String(prompt));
-            (raw, false)
+            raw
         }
-        Input::Nothing => (request::RawRequest::default(), false),
+        Input::Nothing => request::RawRequest::default(),
     };
-    *json |= came_as_json;
     let raw = defaults
         .request
         .clone()

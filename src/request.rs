@@ -345,27 +345,16 @@ pub fn from_flags(cli: &crate::cli::Cli) -> Result<RawRequest> {
             raw.set(key, v);
         }
     };
-    let float = |x: Option<f64>| -> Result<Option<Value>> {
-        x.map(|x| serde_json::Number::from_f64(x).map(Value::Number).ok_or(()))
-            .transpose()
-            .map_err(|()| {
-                CmplError::invalid(
-                    "request",
-                    "numbers must be finite (NaN and infinity are not numbers)",
-                )
-            })
-    };
-    // A non-finite flag value is reported under the flag's own field name.
-    let float_for = |key: &str, x: Option<f64>| {
-        float(x).map_err(|_| {
-            CmplError::invalid(
-                key,
-                format!(
-                    "`{key}` must be a finite number, got {}",
-                    x.unwrap_or_default()
-                ),
-            )
+    // A non-finite flag value (NaN, inf) is reported under its own field name.
+    let float_for = |key: &str, x: Option<f64>| -> Result<Option<Value>> {
+        x.map(|x| {
+            serde_json::Number::from_f64(x)
+                .map(Value::Number)
+                .ok_or_else(|| {
+                    CmplError::invalid(key, format!("`{key}` must be a finite number, got {x}"))
+                })
         })
+        .transpose()
     };
     put("model", cli.model.clone().map(Value::String));
     put("max_tokens", cli.max_tokens.map(|v| json!(v)));
