@@ -10,6 +10,7 @@ use crate::request::{self, Request};
 use crate::signal::INTERRUPTED;
 use clap::Parser;
 use std::io::{IsTerminal, Write};
+use std::mem::ManuallyDrop;
 
 pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
     crate::signal::install();
@@ -206,10 +207,14 @@ fn use_color(choice: cli::ColorChoice, tty: bool) -> bool {
 }
 
 /// Loads the model, with a progress bar while stderr is a terminal.
-fn load(path: &std::path::Path, cli: &Cli) -> Result<Engine> {
+///
+/// The engine is never dropped: the process exits once its output is out,
+/// and the OS releases the model sooner than llama.cpp's destructors would.
+fn load(path: &std::path::Path, cli: &Cli) -> Result<ManuallyDrop<Engine>> {
     let opts = LoadOptions {
         threads: cli.threads,
         n_gpu_layers: cli.n_gpu_layers,
+        repack: !cli.no_repack,
         verbose: cli.verbose,
     };
     let bar = (std::io::stderr().is_terminal() && !cli.verbose).then(|| {
@@ -224,6 +229,7 @@ fn load(path: &std::path::Path, cli: &Cli) -> Result<Engine> {
         bar
     });
     let progress_bar = bar.clone();
+    let started = std::time::Instant::now();
     let engine = Engine::load(path, &opts, move |p| {
         if let Some(bar) = &progress_bar {
             bar.set_position((p * 1000.0) as u64);
@@ -237,7 +243,13 @@ fn load(path: &std::path::Path, cli: &Cli) -> Result<Engine> {
     if INTERRUPTED.load(std::sync::atomic::Ordering::Relaxed) {
         return Err(CmplError::interrupted());
     }
-    engine
+    if cli.verbose && engine.is_ok() {
+        eprintln!(
+            "cmpl: model loaded in {:.3} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    engine.map(ManuallyDrop::new)
 }
 
 /// Refuses a KV cache that would not fit in memory, before allocating it.

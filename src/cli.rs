@@ -161,6 +161,12 @@ pub struct Cli {
     #[arg(long, value_name = "N", help_heading = "Runtime")]
     pub n_gpu_layers: Option<u32>,
 
+    /// Keep the weights as stored instead of repacking some into CPU-friendly
+    /// layouts at load (as llama.cpp's --no-repack): less memory and a faster
+    /// load, slower prompts and batches.
+    #[arg(long, help_heading = "Runtime")]
+    pub no_repack: bool,
+
     /// Show llama.cpp's own log on stderr.
     #[arg(long, help_heading = "Runtime")]
     pub verbose: bool,

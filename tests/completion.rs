@@ -467,6 +467,27 @@ fn threads_flag_keeps_greedy_output() {
 }
 
 #[test]
+fn no_repack_loads_the_weights_as_stored() {
+    // llama.cpp's log names the buffer of repacked weights; --no-repack has none.
+    let repack_buffer = |extra: &[&str]| {
+        let mut args = vec![
+            FRANCE,
+            "--max-tokens",
+            "24",
+            "--temperature",
+            "0",
+            "--verbose",
+        ];
+        args.extend_from_slice(extra);
+        let out = cmpl(&args).run();
+        assert_eq!(out.ok(), FRANCE_24);
+        out.stderr.contains("CPU_REPACK model buffer size")
+    };
+    assert!(repack_buffer(&[]), "the default repacks (as llama.cpp)");
+    assert!(!repack_buffer(&["--no-repack"]));
+}
+
+#[test]
 fn version_names_the_gpu_backends() {
     let out = cmpl(&["--version"]).run();
     assert!(out.ok().starts_with("cmpl "));

@@ -2,6 +2,7 @@
 //! context, and the decode loop. It knows nothing of terminals or JSON: it
 //! reports [`Event`]s.
 
+mod load;
 mod logprobs;
 mod sampler;
 mod scheduler;
@@ -12,7 +13,6 @@ use crate::error::{CmplError, Result};
 use crate::gguf::GgufInfo;
 use crate::request::Request;
 use llama_cpp_2::llama_backend::LlamaBackend;
-use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
 use std::path::Path;
@@ -22,6 +22,10 @@ pub struct LoadOptions {
     pub threads: Option<u32>,
     /// Layers to offload to a GPU backend; default: all (none without one).
     pub n_gpu_layers: Option<u32>,
+    /// Repack some weights into CPU-friendly layouts at load (llama.cpp's
+    /// default): faster matrix products for some quantizations, for more
+    /// memory and load time.
+    pub repack: bool,
     /// Let llama.cpp's own log through to stderr.
     pub verbose: bool,
 }
@@ -60,7 +64,7 @@ impl Engine {
     pub fn load(
         path: &Path,
         opts: &LoadOptions,
-        progress: impl FnMut(f32) -> bool + 'static,
+        progress: impl FnMut(f32) -> bool,
     ) -> Result<Engine> {
         let info = crate::gguf::inspect(path)
             .map_err(|e| CmplError::model(format!("{}: {e}", path.display())))?;
@@ -69,14 +73,18 @@ impl Engine {
         if !opts.verbose {
             backend.void_logs();
         }
-        let mut params = LlamaModelParams::default();
-        if let Some(n) = opts.n_gpu_layers {
-            params = params.with_n_gpu_layers(n);
-        }
-        let params = params.with_progress_callback(progress);
-        let model = LlamaModel::load_from_file(&backend, path, &params).map_err(|e| {
+        let c_path = path
+            .to_str()
+            .and_then(|p| std::ffi::CString::new(p).ok())
+            .ok_or_else(|| {
+                CmplError::model(format!(
+                    "{}: llama.cpp takes UTF-8 paths without NUL bytes; rename the file",
+                    path.display()
+                ))
+            })?;
+        let model = load::load(&c_path, opts, progress).ok_or_else(|| {
             CmplError::model(format!(
-                "{}: llama.cpp could not load this model ({e}); run with --verbose to see why",
+                "{}: llama.cpp could not load this model; run with --verbose to see why",
                 path.display()
             ))
         })?;
