@@ -53,7 +53,7 @@ Register-ArgumentCompleter -Native -CommandName 'cmpl' -ScriptBlock {
             [CompletionResult]::new('--generate', '--generate', [CompletionResultType]::ParameterName, 'Print the man page or a shell completion script')
             [CompletionResult]::new('--json', '--json', [CompletionResultType]::ParameterName, 'Print the API''s JSON: one CompletionResponse, or SSE chunks with --stream')
             [CompletionResult]::new('--no-repack', '--no-repack', [CompletionResultType]::ParameterName, 'Keep the weights as stored instead of repacking some into CPU-friendly layouts at load (as llama.cpp''s --no-repack): less memory and a faster load, slower prompts and batches')
-            [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'Show llama.cpp''s own log on stderr')
+            [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'Show llama.cpp''s own log, and how long the model took to load, on stderr')
             [CompletionResult]::new('--list-models', '--list-models', [CompletionResultType]::ParameterName, 'List the models in the models folder with size, architecture and parameters')
             [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print the version and the GPU backends compiled in')
             [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print the version and the GPU backends compiled in')

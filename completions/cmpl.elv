@@ -50,7 +50,7 @@ set edit:completion:arg-completer[cmpl] = {|@words|
             cand --generate 'Print the man page or a shell completion script'
             cand --json 'Print the API''s JSON: one CompletionResponse, or SSE chunks with --stream'
             cand --no-repack 'Keep the weights as stored instead of repacking some into CPU-friendly layouts at load (as llama.cpp''s --no-repack): less memory and a faster load, slower prompts and batches'
-            cand --verbose 'Show llama.cpp''s own log on stderr'
+            cand --verbose 'Show llama.cpp''s own log, and how long the model took to load, on stderr'
             cand --list-models 'List the models in the models folder with size, architecture and parameters'
             cand -V 'Print the version and the GPU backends compiled in'
             cand --version 'Print the version and the GPU backends compiled in'

@@ -35,7 +35,7 @@ complete-powershell\t''
 complete-elvish\t''"
 complete -c cmpl -l json -d 'Print the API\'s JSON: one CompletionResponse, or SSE chunks with --stream'
 complete -c cmpl -l no-repack -d 'Keep the weights as stored instead of repacking some into CPU-friendly layouts at load (as llama.cpp\'s --no-repack): less memory and a faster load, slower prompts and batches'
-complete -c cmpl -l verbose -d 'Show llama.cpp\'s own log on stderr'
+complete -c cmpl -l verbose -d 'Show llama.cpp\'s own log, and how long the model took to load, on stderr'
 complete -c cmpl -l list-models -d 'List the models in the models folder with size, architecture and parameters'
 complete -c cmpl -s V -l version -d 'Print the version and the GPU backends compiled in'
 complete -c cmpl -s h -l help -d 'Print help'

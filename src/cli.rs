@@ -167,7 +167,7 @@ pub struct Cli {
     #[arg(long, help_heading = "Runtime")]
     pub no_repack: bool,
 
-    /// Show llama.cpp's own log on stderr.
+    /// Show llama.cpp's own log, and how long the model took to load, on stderr.
     #[arg(long, help_heading = "Runtime")]
     pub verbose: bool,
 

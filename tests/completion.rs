@@ -481,6 +481,11 @@ fn no_repack_loads_the_weights_as_stored() {
         args.extend_from_slice(extra);
         let out = cmpl(&args).run();
         assert_eq!(out.ok(), FRANCE_24);
+        assert!(
+            out.stderr.contains("cmpl: model loaded in "),
+            "{}",
+            out.stderr
+        );
         out.stderr.contains("CPU_REPACK model buffer size")
     };
     assert!(repack_buffer(&[]), "the default repacks (as llama.cpp)");
