@@ -467,6 +467,52 @@ fn threads_flag_keeps_greedy_output() {
 }
 
 #[test]
+fn temperature_draws_follow_the_models_distribution() {
+    // 128 first tokens drawn at temperature 1 (seeds 100..227) against the
+    // model's own probabilities of its 5 likeliest first tokens.
+    let v = greedy(
+        FRANCE,
+        &[
+            "--max-tokens",
+            "1",
+            "-n",
+            "128",
+            "--temperature",
+            "1",
+            "--seed",
+            "100",
+            "--logprobs",
+            "5",
+        ],
+    );
+    let choices = v["choices"].as_array().unwrap();
+    let top = choices[0]["logprobs"]["top_logprobs"][0]
+        .as_object()
+        .unwrap();
+    let n = choices.len() as f64;
+    for (token, lp) in top {
+        let p = lp.as_f64().unwrap().exp();
+        let drawn = choices
+            .iter()
+            .filter(|c| c["logprobs"]["tokens"][0] == *token)
+            .count() as f64;
+        let sd = (p * (1.0 - p) / n).sqrt();
+        assert!(
+            (drawn / n - p).abs() <= 4.0 * sd + 0.01,
+            "{token:?}: drawn {drawn} of {n}, p = {p}"
+        );
+    }
+    // A tiny temperature draws the argmax, in every choice.
+    let v = greedy(
+        FRANCE,
+        &["-n", "3", "--temperature", "0.001", "--seed", "5"],
+    );
+    for i in 0..3 {
+        assert_eq!(text_of(&v, i), FRANCE_24);
+    }
+}
+
+#[test]
 fn no_repack_loads_the_weights_as_stored() {
     // llama.cpp's log names the buffer of repacked weights; --no-repack has none.
     let repack_buffer = |extra: &[&str]| {

@@ -2,6 +2,7 @@
 //! context, and the decode loop. It knows nothing of terminals or JSON: it
 //! reports [`Event`]s.
 
+mod draw;
 mod load;
 mod logprobs;
 mod sampler;

@@ -1,5 +1,6 @@
 //! The sampler chain for one choice, built from the request.
 
+use super::draw::TemperatureDraw;
 use crate::request::Sampling;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::sampling::LlamaSampler;
@@ -7,36 +8,50 @@ use llama_cpp_2::token::logit_bias::LlamaLogitBias;
 use llama_cpp_2::token::LlamaToken;
 
 /// Draws each token of one choice.
-pub struct SamplerChain {
-    /// `None`: plain greedy, an argmax over the logits with no per-token
-    /// copy of the vocabulary (the common `temperature: 0` case).
-    chain: Option<LlamaSampler>,
+pub enum SamplerChain {
+    /// Plain greedy: an argmax over the logits, with no per-token copy of
+    /// the vocabulary (the common `temperature: 0` case).
+    Greedy,
+    /// Temperature alone (the default request): a draw straight from the logits.
+    Temperature(TemperatureDraw),
+    /// Anything else: llama.cpp's samplers.
+    Chain(LlamaSampler),
 }
 
 impl SamplerChain {
     pub fn new(s: &Sampling, n_vocab: i32, seed: u32, window: i32) -> SamplerChain {
-        let plain_greedy = s.temperature == 0.0
-            && s.logit_bias.is_empty()
+        let plain = s.logit_bias.is_empty()
             && s.repetition_penalty == 1.0
             && s.presence_penalty == 0.0
             && s.frequency_penalty == 0.0;
-        SamplerChain {
-            chain: (!plain_greedy).then(|| chain(s, n_vocab, seed, window)),
+        let untruncated = s.top_k == 0 && s.top_p >= 1.0 && s.min_p == 0.0;
+        if plain && s.temperature == 0.0 {
+            SamplerChain::Greedy
+        } else if plain && untruncated {
+            SamplerChain::Temperature(TemperatureDraw::new(s.temperature, seed))
+        } else {
+            SamplerChain::Chain(chain(s, n_vocab, seed, window))
         }
     }
 
     /// Tokens already seen (the prompt), for the penalties.
     pub fn accept_many(&mut self, tokens: &[LlamaToken]) {
-        if let Some(chain) = &mut self.chain {
+        if let SamplerChain::Chain(chain) = self {
             chain.accept_many(tokens);
         }
     }
 
     /// Draws from output `idx` of the last decode and records the token.
     pub fn sample(&mut self, ctx: &LlamaContext, idx: i32) -> LlamaToken {
-        match &mut self.chain {
-            Some(chain) => chain.sample(ctx, idx),
-            None => argmax(ctx.get_logits_ith(idx)),
+        match self {
+            SamplerChain::Greedy => argmax(ctx.get_logits_ith(idx)),
+            SamplerChain::Temperature(draw) => {
+                let logits = ctx.get_logits_ith(idx);
+                // No finite logit (a broken model): fall back to the argmax.
+                draw.sample(logits)
+                    .map_or_else(|| argmax(logits), |id| LlamaToken(id as i32))
+            }
+            SamplerChain::Chain(chain) => chain.sample(ctx, idx),
         }
     }
 }
@@ -53,7 +68,7 @@ fn argmax(logits: &[f32]) -> LlamaToken {
 }
 
 /// Order: penalties, logit_bias, top-k, top-p, min-p, temperature, then a
-/// seeded draw; temperature 0 is a plain argmax (deterministic, no RNG).
+/// seeded draw; temperature 0 is an argmax after the penalties and biases.
 /// `window` is how many past tokens the penalties look at: all of them.
 fn chain(s: &Sampling, n_vocab: i32, seed: u32, window: i32) -> LlamaSampler {
     let mut stages = Vec::new();
