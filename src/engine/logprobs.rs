@@ -1,14 +1,15 @@
 //! Log-probabilities under the model's raw distribution: log-softmax of the
 //! logits over the whole vocabulary, before any sampler touches them.
 
+use super::vector;
+
 /// `ln Σ exp(logit)`, computed stably.
 pub fn log_sum_exp(logits: &[f32]) -> f32 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let max = vector::max(logits);
     if !max.is_finite() {
         return max;
     }
-    let sum: f32 = logits.iter().map(|&l| (l - max).exp()).sum();
-    max + sum.ln()
+    max + vector::sum_exp(logits, max).ln() as f32
 }
 
 /// The `k` most likely token ids with their log-probabilities, best first.

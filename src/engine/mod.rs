@@ -7,6 +7,7 @@ mod load;
 mod logprobs;
 mod sampler;
 mod scheduler;
+mod vector;
 
 pub use scheduler::{Event, JobResult, RunOptions, TokenInfo};
 
