@@ -141,4 +141,34 @@ mod tests {
         assert_eq!(d.sample(&[]), None);
         assert_eq!(d.sample(&[f32::NEG_INFINITY, 0.0]), Some(1));
     }
+
+    #[test]
+    fn always_a_token_with_weight_whatever_the_logits() {
+        // Random lengths (block remainders), extreme values and -inf runs.
+        let mut rng = SplitMix64(99);
+        for case in 0..3000 {
+            let len = 1 + (rng.next() % 300) as usize;
+            let logits: Vec<f32> = (0..len)
+                .map(|_| match rng.next() % 5 {
+                    0 => f32::NEG_INFINITY,
+                    1 => (rng.unit() as f32 - 0.5) * 2e4,
+                    _ => (rng.unit() as f32 - 0.5) * 40.0,
+                })
+                .collect();
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            for t in [1e-3f32, 0.7, 2.0] {
+                let mut d = TemperatureDraw::new(t, case);
+                let got = d.sample(&logits);
+                if max == f32::NEG_INFINITY {
+                    assert_eq!(got, None);
+                    continue;
+                }
+                let i = got.expect("a finite logit exists");
+                assert!(
+                    (logits[i] - max) / t >= -87.0,
+                    "case {case}: {i} of {logits:?}"
+                );
+            }
+        }
+    }
 }
