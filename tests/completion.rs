@@ -467,7 +467,7 @@ fn threads_flag_keeps_greedy_output() {
 }
 
 #[test]
-fn temperature_draws_follow_the_models_distribution() {
+fn draws_follow_the_models_distribution_and_top_p() {
     // 128 first tokens drawn at temperature 1 (seeds 100..227) against the
     // model's own probabilities of its 5 likeliest first tokens.
     let v = greedy(
@@ -502,6 +502,54 @@ fn temperature_draws_follow_the_models_distribution() {
             "{token:?}: drawn {drawn} of {n}, p = {p}"
         );
     }
+    // top-p 0.3: only the likeliest tokens whose probabilities reach 0.3
+    // (by the model's own logprobs) are ever drawn, and more than one is.
+    let mut top: Vec<(String, f64)> = top
+        .iter()
+        .map(|(t, lp)| (t.clone(), lp.as_f64().unwrap().exp()))
+        .collect();
+    top.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let mut mass = 0.0;
+    let nucleus: Vec<&str> = top
+        .iter()
+        .take_while(|(_, p)| {
+            let inside = mass < 0.3;
+            if inside {
+                mass += p;
+            }
+            inside
+        })
+        .map(|(t, _)| t.as_str())
+        .collect();
+    assert!(mass >= 0.3 && nucleus.len() > 1, "{top:?}");
+    let v = greedy(
+        FRANCE,
+        &[
+            "--max-tokens",
+            "1",
+            "-n",
+            "64",
+            "--temperature",
+            "1",
+            "--top-p",
+            "0.3",
+            "--seed",
+            "7",
+            "--logprobs",
+            "0",
+        ],
+    );
+    let drawn: std::collections::BTreeSet<&str> = v["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["logprobs"]["tokens"][0].as_str().unwrap())
+        .collect();
+    assert!(
+        drawn.iter().all(|t| nucleus.contains(t)),
+        "{drawn:?} outside {nucleus:?}"
+    );
+    assert!(drawn.len() > 1, "{drawn:?}");
     // A tiny temperature draws the argmax, in every choice.
     let v = greedy(
         FRANCE,

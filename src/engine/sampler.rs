@@ -1,6 +1,6 @@
 //! The sampler chain for one choice, built from the request.
 
-use super::draw::TemperatureDraw;
+use super::draw::{TemperatureDraw, Truncation};
 use crate::request::Sampling;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::sampling::LlamaSampler;
@@ -12,9 +12,10 @@ pub enum SamplerChain {
     /// Plain greedy: an argmax over the logits, with no per-token copy of
     /// the vocabulary (the common `temperature: 0` case).
     Greedy,
-    /// Temperature alone (the default request): a draw straight from the logits.
+    /// Temperature with or without top-k/top-p/min-p (no penalties or
+    /// biases): a draw straight from the logits.
     Temperature(TemperatureDraw),
-    /// Anything else: llama.cpp's samplers.
+    /// Penalties or logit biases: llama.cpp's samplers.
     Chain(LlamaSampler),
 }
 
@@ -24,14 +25,18 @@ impl SamplerChain {
             && s.repetition_penalty == 1.0
             && s.presence_penalty == 0.0
             && s.frequency_penalty == 0.0;
-        let untruncated = s.top_k == 0 && s.top_p >= 1.0 && s.min_p == 0.0;
-        if plain && s.temperature == 0.0 {
-            SamplerChain::Greedy
-        } else if plain && untruncated {
-            SamplerChain::Temperature(TemperatureDraw::new(s.temperature, seed))
-        } else {
-            SamplerChain::Chain(chain(s, n_vocab, seed, window))
+        if !plain {
+            return SamplerChain::Chain(chain(s, n_vocab, seed, window));
         }
+        if s.temperature == 0.0 {
+            return SamplerChain::Greedy;
+        }
+        let truncation = Truncation {
+            top_k: s.top_k,
+            top_p: s.top_p,
+            min_p: s.min_p,
+        };
+        SamplerChain::Temperature(TemperatureDraw::new(s.temperature, truncation, seed))
     }
 
     /// Tokens already seen (the prompt), for the penalties.
