@@ -72,36 +72,13 @@ impl TemperatureDraw {
             return None;
         }
         // Find the block, then the token, where the running sum passes the target.
-        let mut target = self.rng.unit() * total;
-        let mut chosen = None;
-        for (b, &sum) in self.blocks.iter().enumerate() {
-            if sum > 0.0 {
-                chosen = Some(b);
-                if target < f64::from(sum) {
-                    break;
-                }
-                target -= f64::from(sum);
-            }
-        }
-        // Rounding can leave the target past the block's (or the last
-        // block's) end: then its last token with weight.
-        let b = chosen?;
+        let target = self.rng.unit() * total;
+        let (b, target) = pick(self.blocks.iter().map(|&s| f64::from(s)), target)?;
         let start = b * BLOCK;
         let block = &logits[start..(start + BLOCK).min(logits.len())];
-        let mut last = 0;
-        for (i, &w) in vector::weights(block, max, self.inv_t, &mut scratch)
-            .iter()
-            .enumerate()
-        {
-            if w > 0.0 {
-                last = i;
-                if target < f64::from(w) {
-                    break;
-                }
-                target -= f64::from(w);
-            }
-        }
-        Some(start + last)
+        let weights = vector::weights(block, max, self.inv_t, &mut scratch);
+        let (i, _) = pick(weights.iter().map(|&w| f64::from(w)), target).unwrap_or((0, 0.0));
+        Some(start + i)
     }
 
     fn sample_truncated(&mut self, logits: &[f32], max: f32) -> Option<usize> {
@@ -110,20 +87,9 @@ impl TemperatureDraw {
         // Temperature, then the draw, over the survivors (f64: few of them).
         let weight = |l: f32| (f64::from(l - max) * f64::from(self.inv_t)).exp();
         let total: f64 = near.iter().map(|&(l, _)| weight(l)).sum();
-        let mut target = self.rng.unit() * total;
-        let mut last = None;
-        for &(l, id) in near {
-            let w = weight(l);
-            if w > 0.0 {
-                last = Some(id as usize);
-                if target < w {
-                    break;
-                }
-                target -= w;
-            }
-        }
-        // (Rounding can leave the target past the end: the last with weight.)
-        last
+        let target = self.rng.unit() * total;
+        let (i, _) = pick(near.iter().map(|&(l, _)| weight(l)), target)?;
+        Some(near[i].1 as usize)
     }
 
     /// Leaves the tokens the truncation keeps at the front of `near`, likeliest
@@ -179,6 +145,23 @@ impl TemperatureDraw {
             }
         }
     }
+}
+
+/// The index where the running sum of `weights` passes `target`, and what
+/// is left of the target there; rounding can carry it past the end, and then
+/// the last with weight. `None` when none has weight.
+fn pick(weights: impl Iterator<Item = f64>, mut target: f64) -> Option<(usize, f64)> {
+    let mut last = None;
+    for (i, w) in weights.enumerate() {
+        if w > 0.0 {
+            last = Some((i, target));
+            if target < w {
+                break;
+            }
+            target -= w;
+        }
+    }
+    last
 }
 
 /// How many of `near` (sorted, likeliest first) the truncations keep, or
