@@ -21,7 +21,7 @@ complete -c cmpl -l request -d 'Read the JSON request from FILE (\'-\' for stdin
 complete -c cmpl -l prompt-file -d 'Read the prompt as plain text from FILE (\'-\' for stdin)' -r -F
 complete -c cmpl -l batch -d 'Answer a JSON Lines file of requests (stdin without FILE), one JSON line out per line in, in order, decoding the requests together. Exit 1 if any line failed. Lines with "stream": true get a whole response' -r -F
 complete -c cmpl -l parallel -d 'Sequences decoded together in --batch mode [default: 32, fewer if their KV cache would not fit]' -r
-complete -c cmpl -s t -l threads -d 'CPU threads [default: physical cores]' -r
+complete -c cmpl -s t -l threads -d 'CPU threads, 1..1024 [default: physical cores]' -r
 complete -c cmpl -s c -l ctx-size -d 'KV cache size in tokens, shared by all choices [default: sized to the request]' -r
 complete -c cmpl -l n-gpu-layers -d 'Layers to offload to the GPU (also -ngl) [default: all, when built with a GPU backend]' -r
 complete -c cmpl -l color -d 'When to colour output' -r -f -a "auto\t''
@@ -37,5 +37,6 @@ complete -c cmpl -l json -d 'Print the API\'s JSON: one CompletionResponse, or S
 complete -c cmpl -l no-repack -d 'Keep the weights as stored instead of repacking some into CPU-friendly layouts at load (as llama.cpp\'s --no-repack): less memory and a faster load, slower prompts and batches'
 complete -c cmpl -l verbose -d 'Show llama.cpp\'s own log, and how long the model took to load, on stderr'
 complete -c cmpl -l list-models -d 'List the models in the models folder with size, architecture and parameters'
+complete -c cmpl -l models-dir -d 'Print the models folder: where -m NAME looks, and where the default model goes'
 complete -c cmpl -s V -l version -d 'Print the version and the GPU backends compiled in'
 complete -c cmpl -s h -l help -d 'Print help'

@@ -1,4 +1,5 @@
-//! The API's response shapes (`completions.openapi.yaml`), field for field.
+//! The API's response shapes, field for field (the contract's schemas are
+//! in `tests/schema/completions.schema.json`).
 
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -120,22 +121,13 @@ impl ResponseHeader {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         ResponseHeader {
-            id: format!("cmpl-{:016x}{:016x}", random_u64(), random_u64()),
+            id: format!(
+                "cmpl-{:016x}{:016x}",
+                crate::random::u64(),
+                crate::random::u64()
+            ),
             created,
             model: model.to_string(),
         }
     }
-}
-
-/// Random bits from the std hasher's per-process keys: enough for ids and
-/// default seeds, without a crate for it.
-pub fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.finish()
 }

@@ -3,26 +3,15 @@
 //! request's slots going to the next (the engine's continuous batching).
 
 use crate::api::ResponseHeader;
-use crate::cli::Cli;
-use crate::engine::{Engine, Event, Job, RunOptions};
+use crate::backend::{Event, RunOptions};
+use crate::config::Config;
 use crate::error::{CmplError, Result};
-use crate::models::ModelRef;
+use crate::options::Invocation;
 use crate::request::{RawRequest, Request};
 use crate::signal::INTERRUPTED;
 use std::collections::BTreeMap;
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::Path;
-
-/// Sequences decoded together when `--parallel` is not given (fewer when
-/// their KV cache would take over half the free memory): past this,
-/// llama.cpp's batched decoding on CPU gains little.
-pub const DEFAULT_PARALLEL: u32 = 32;
-
-/// What became of one input line.
-enum Line {
-    Ready(Job),
-    Failed(CmplError),
-}
 
 /// Reads the lines of `file` (stdin for `None` or `-`), skipping blank ones.
 pub fn read_lines(file: Option<&Path>) -> Result<Vec<(usize, String)>> {
@@ -45,38 +34,21 @@ pub fn read_lines(file: Option<&Path>) -> Result<Vec<(usize, String)>> {
     Ok(lines)
 }
 
-/// Runs every line; returns whether all succeeded.
-pub fn run(
-    cli: &Cli,
-    defaults: &RawRequest,
-    engine: &Engine,
-    model: &ModelRef,
-    lines: Vec<(usize, String)>,
-) -> Result<bool> {
-    let flags = crate::request::from_flags(cli)?;
-    let layers = (defaults, &flags);
+/// Answers every line of `file`; returns whether all succeeded.
+pub fn run(inv: &Invocation, config: &Config, file: Option<&Path>) -> Result<bool> {
+    let lines = read_lines(file)?;
+    let model = crate::models::resolve(
+        inv.flags.get("model").and_then(|m| m.as_str()),
+        config.model.as_deref(),
+    )?;
+    if lines.is_empty() {
+        return Ok(true);
+    }
+    let backend = crate::open::backend(model.clone(), &inv.runtime)?;
     let created = std::env::var("SOURCE_DATE_EPOCH")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| ResponseHeader::new("").created);
-    let headers: Vec<ResponseHeader> = lines
-        .iter()
-        .enumerate()
-        .map(|(i, (_, text))| header(created, i, text, &model.name))
-        .collect();
-    let prepared: Vec<Line> = lines
-        .iter()
-        .zip(&headers)
-        .map(|((number, text), header)| {
-            match prepare(engine, model, layers, text, header, cli.ctx_size) {
-                Ok(job) => Line::Ready(job),
-                Err(mut e) => {
-                    e.message = format!("line {number}: {}", e.message);
-                    Line::Failed(e)
-                }
-            }
-        })
-        .collect();
 
     let mut out = Output {
         writer: std::io::stdout().lock(),
@@ -84,64 +56,48 @@ pub fn run(
         ready: BTreeMap::new(),
         failed: false,
     };
-    let mut jobs = Vec::new();
-    // Per job: its line, its response header, and its prompt if echoed.
+    // Per line: its number, its response header, and its request once valid.
+    let mut requests = Vec::new();
     let mut meta = Vec::new();
-    for (i, line) in prepared.into_iter().enumerate() {
-        match line {
-            Line::Ready(job) => {
-                let echoed = job.request.echo.then(|| job.request.prompt.clone());
-                meta.push((i, headers[i].clone(), echoed));
-                jobs.push(job);
+    for (i, (number, text)) in lines.iter().enumerate() {
+        let header = header(created, i, text, &model.name);
+        match parse(&config.request, &inv.flags, text, &header) {
+            Ok(request) => {
+                meta.push((i, *number, header, request.clone()));
+                requests.push(request);
             }
-            Line::Failed(e) => {
-                eprintln!("cmpl: error: {e}");
-                out.failed = true;
-                out.ready.insert(i, e.to_error_data().to_string());
-            }
+            Err(e) => out.fail(i, *number, e),
         }
     }
     out.write_ready()?;
-    if jobs.is_empty() {
+    if requests.is_empty() {
         return Ok(!out.failed);
     }
 
-    // A line's choices always run together, even past --parallel; and no
-    // more slots than there are choices in the whole batch.
-    let widest = jobs.iter().map(|j| j.request.n).max().unwrap_or(1);
-    let choices: u32 = jobs.iter().map(|j| j.request.n).sum();
-    let fits = |p: u32| match (
-        engine.kv_bytes(context_cells(&jobs, p)),
-        crate::app::available_memory(),
-    ) {
-        (Some(need), Some(free)) => need <= free / 2,
-        _ => true,
-    };
-    let parallel = cli.parallel.unwrap_or_else(|| {
-        let mut p = DEFAULT_PARALLEL;
-        while p > 1 && !fits(p) {
-            p /= 2;
-        }
-        p
-    });
-    let slots = parallel.min(choices).max(widest);
-    let cells = match cli.ctx_size {
-        Some(c) => c,
-        None => context_cells(&jobs, slots),
-    };
-    crate::app::check_memory(engine, cells)?;
     let opts = RunOptions {
-        parallel: slots,
-        cells,
+        parallel: inv.runtime.parallel,
+        ctx_size: inv.runtime.ctx_size,
+        token_logprobs: false,
     };
-    let progress = Progress::new(jobs.len() as u64);
-    let outcome = engine.run(jobs, &opts, &INTERRUPTED, &mut |event| {
+    let progress = Progress::new(requests.len() as u64);
+    let outcome = backend.run(requests, &opts, &INTERRUPTED, &mut |event| {
         match event {
             Event::Token { .. } => progress.token(),
+            Event::Rejected { job, error } => {
+                let (line, number, ..) = &meta[job];
+                out.fail(*line, *number, error);
+                out.write_ready()?;
+                progress.done();
+            }
             Event::Done { job, result } => {
-                let (line, header, echoed) = &meta[job];
-                let prompt = echoed.as_deref().unwrap_or_default();
-                let response = crate::printer::response(header, prompt, echoed.is_some(), result);
+                let (line, _, header, request) = &meta[job];
+                let response = crate::printer::response(
+                    header,
+                    &request.prompt,
+                    request.echo,
+                    request.logprobs,
+                    result,
+                );
                 let text = serde_json::to_string(&response).map_err(std::io::Error::from)?;
                 out.ready.insert(*line, text);
                 out.write_ready()?;
@@ -156,29 +112,16 @@ pub fn run(
     Ok(!out.failed)
 }
 
-/// Parses, layers (flags on top) and checks one line.
-fn prepare(
-    engine: &Engine,
-    model: &ModelRef,
-    (defaults, flags): (&RawRequest, &RawRequest),
+/// Parses one line and layers it (config below, flags on top), then checks it.
+fn parse(
+    config: &RawRequest,
+    flags: &RawRequest,
     text: &str,
     header: &ResponseHeader,
-    cells: Option<u32>,
-) -> Result<Job> {
+) -> Result<Request> {
     let line = RawRequest::from_json(text, "this line")?;
-    let raw = defaults.clone().overlay(line).overlay(flags.clone());
+    let raw = config.clone().overlay(line).overlay(flags.clone());
     let mut request = Request::validate(&raw)?;
-    if let Some(named) = &request.model {
-        if !same_model(named, model) {
-            return Err(CmplError::invalid(
-                "model",
-                format!(
-                    "names model `{named}`, but this batch runs `{}`: one batch runs one model; split the file by model",
-                    model.name
-                ),
-            ));
-        }
-    }
     // Lines are answered whole: streaming makes no sense interleaved.
     request.stream = false;
     // An unseeded line's seed comes from its id, so a run's output file is
@@ -186,29 +129,7 @@ fn prepare(
     request.seed = request
         .seed
         .or_else(|| u32::from_str_radix(&header.id[5..13], 16).ok());
-    engine.prepare(request, cells)
-}
-
-fn same_model(named: &str, model: &ModelRef) -> bool {
-    named == model.name
-        || crate::models::resolve(Some(named), None).is_ok_and(|m| {
-            let canon = |p: &Path| std::fs::canonicalize(p).ok();
-            canon(&m.path).is_some() && canon(&m.path) == canon(&model.path)
-        })
-}
-
-/// The KV cells for a batch: room for `slots` choices of the largest size
-/// at once, and at least the largest job whole.
-fn context_cells(jobs: &[Job], slots: u32) -> u32 {
-    let per_choice = jobs
-        .iter()
-        .map(|j| j.tokens.len() as u32 + j.budget)
-        .max()
-        .unwrap_or(1);
-    let largest = jobs.iter().map(Job::cells).max().unwrap_or(1);
-    let all: u64 = jobs.iter().map(|j| u64::from(j.cells())).sum();
-    let want = u64::from(largest.max(per_choice.saturating_mul(slots)));
-    want.min(all.max(u64::from(largest))) as u32
+    Ok(request)
 }
 
 /// A deterministic id per line: the same input and `created` give the same
@@ -237,6 +158,14 @@ struct Output<W: Write> {
 }
 
 impl<W: Write> Output<W> {
+    /// Line `index` (number `number` in the file) failed: its answer is the error.
+    fn fail(&mut self, index: usize, number: usize, mut e: CmplError) {
+        e.message = format!("line {number}: {}", e.message);
+        eprintln!("cmpl: error: {e}");
+        self.failed = true;
+        self.ready.insert(index, e.to_error_data().to_string());
+    }
+
     fn write_ready(&mut self) -> Result<()> {
         while let Some(line) = self.ready.remove(&self.next) {
             // One write per line: an interrupted run never leaves half a line.

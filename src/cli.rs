@@ -1,7 +1,16 @@
-//! Command-line flags: clap definitions only. Each flag is defined once here,
-//! and `--help`, the man page and the shell completions all come from it.
+//! The command-line face: clap definitions, each flag defined once here
+//! (`--help`, the man page, the shell completions and the config file's
+//! runtime keys all come from it), and their resolution into an
+//! [`Invocation`]. clap types end here.
 
-use clap::{ArgAction, Parser, ValueEnum};
+use crate::config::Config;
+use crate::error::{CmplError, Result};
+use crate::generate::Kind;
+use crate::options::{Action, Color, InputSource, Invocation, Runtime};
+use crate::request::RawRequest;
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use clap::{ArgAction, Parser};
+use serde_json::{json, Map, Value};
 use std::path::PathBuf;
 
 const ABOUT: &str =
@@ -9,10 +18,11 @@ const ABOUT: &str =
 
 const AFTER_HELP: &str = "\
 Input:
-  With PROMPT, that is the prompt. Without it, stdin is read when it is not a
-  terminal: a JSON object is a CompletionRequest (flags override its fields, and
-  the answer is JSON); anything else is the prompt as plain text. --request and
-  --prompt-file force one reading.
+  stdin is read when it is not a terminal: a JSON object is a CompletionRequest
+  (flags override its fields, PROMPT its prompt, and the answer is JSON);
+  anything else is text, and the prompt is that text, a newline, then PROMPT
+  (`cat notes.txt | cmpl \"Summarize the notes above:\"`). --request and
+  --prompt-file force one reading. In a `while read` loop, give </dev/null.
 
 Output:
   Text by default; --json prints the API's CompletionResponse on one line;
@@ -149,12 +159,12 @@ pub struct Cli {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256), help_heading = "Batch")]
     pub parallel: Option<u32>,
 
-    /// CPU threads [default: physical cores].
-    #[arg(short = 't', long, value_name = "N", help_heading = "Runtime")]
+    /// CPU threads, 1..1024 [default: physical cores].
+    #[arg(short = 't', long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024), help_heading = "Runtime")]
     pub threads: Option<u32>,
 
     /// KV cache size in tokens, shared by all choices [default: sized to the request].
-    #[arg(short = 'c', long, value_name = "N", help_heading = "Runtime")]
+    #[arg(short = 'c', long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..), help_heading = "Runtime")]
     pub ctx_size: Option<u32>,
 
     /// Layers to offload to the GPU (also -ngl) [default: all, when built with a GPU backend].
@@ -176,29 +186,35 @@ pub struct Cli {
         long,
         value_name = "WHEN",
         default_value = "auto",
+        value_parser = PossibleValuesParser::new(["auto", "always", "never"]).map(|w| match w.as_str() {
+            "always" => Color::Always,
+            "never" => Color::Never,
+            _ => Color::Auto,
+        }),
         help_heading = "Input and output"
     )]
-    pub color: ColorChoice,
+    pub color: Color,
 
     /// List the models in the models folder with size, architecture and parameters.
     #[arg(long, help_heading = "Other")]
     pub list_models: bool,
 
+    /// Print the models folder: where -m NAME looks, and where the default model goes.
+    #[arg(long, help_heading = "Other")]
+    pub models_dir: bool,
+
     /// Print the man page or a shell completion script.
-    #[arg(long, value_name = "KIND", help_heading = "Other")]
-    pub generate: Option<crate::generate::Kind>,
+    #[arg(
+        long,
+        value_name = "KIND",
+        value_parser = PossibleValuesParser::new(Kind::ALL.map(Kind::name)).map(|k| Kind::from_name(&k)),
+        help_heading = "Other"
+    )]
+    pub generate: Option<Kind>,
 
     /// Print the version and the GPU backends compiled in.
     #[arg(short = 'V', long)]
     pub version: bool,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
-pub enum ColorChoice {
-    #[default]
-    Auto,
-    Always,
-    Never,
 }
 
 /// `-ngl` is what llama.cpp users type, but clap would read it as `-n gl`.
@@ -239,4 +255,150 @@ pub fn version_text() -> String {
             gpus.join(", ")
         }
     )
+}
+
+/// The config file's runtime keys, each the flag of the same name.
+pub const CONFIG_RUNTIME_KEYS: &[&str] = &["threads", "n_gpu_layers", "ctx_size", "parallel"];
+
+impl Cli {
+    /// Resolves the flags, over `config`'s runtime settings, into what the
+    /// rest of the program runs on.
+    pub fn resolve(self, config: &Config) -> Result<Invocation> {
+        let from_config = runtime_from_config(config)?;
+        let action = if self.version {
+            Action::Version
+        } else if let Some(kind) = self.generate {
+            Action::Generate(kind)
+        } else if self.list_models {
+            Action::ListModels
+        } else if self.models_dir {
+            Action::ModelsDir
+        } else if let Some(file) = &self.batch {
+            Action::Batch(file.clone())
+        } else {
+            Action::Complete
+        };
+        Ok(Invocation {
+            flags: self.request_fields()?,
+            input: InputSource {
+                prompt: self.prompt,
+                request_file: self.request,
+                prompt_file: self.prompt_file,
+            },
+            runtime: Runtime {
+                threads: self.threads.or(from_config.threads),
+                n_gpu_layers: self.n_gpu_layers.or(from_config.n_gpu_layers),
+                ctx_size: self.ctx_size.or(from_config.ctx_size),
+                parallel: self.parallel.or(from_config.parallel),
+                repack: !self.no_repack,
+                verbose: self.verbose,
+            },
+            json: self.json || matches!(action, Action::Batch(_)),
+            color: self.color,
+            action,
+        })
+    }
+
+    /// The request fields given as flags, as JSON values, so they meet the
+    /// same checks as a JSON request. (PROMPT is input, not a field flag.)
+    fn request_fields(&self) -> Result<RawRequest> {
+        let mut raw = RawRequest::default();
+        let mut put = |key: &str, value: Option<Value>| {
+            if let Some(v) = value {
+                raw.set(key, v);
+            }
+        };
+        // A non-finite flag value (NaN, inf) is reported under its own field name.
+        let float_for = |key: &str, x: Option<f64>| -> Result<Option<Value>> {
+            x.map(|x| {
+                serde_json::Number::from_f64(x)
+                    .map(Value::Number)
+                    .ok_or_else(|| {
+                        CmplError::invalid(key, format!("`{key}` must be a finite number, got {x}"))
+                    })
+            })
+            .transpose()
+        };
+        put("model", self.model.clone().map(Value::String));
+        put("max_tokens", self.max_tokens.map(|v| json!(v)));
+        if !self.stop.is_empty() {
+            put("stop", Some(json!(self.stop)));
+        }
+        put("temperature", float_for("temperature", self.temperature)?);
+        put("top_p", float_for("top_p", self.top_p)?);
+        put("top_k", self.top_k.map(|v| json!(v)));
+        put(
+            "repetition_penalty",
+            float_for("repetition_penalty", self.repetition_penalty)?,
+        );
+        put("stream", self.stream.map(Value::Bool));
+        put("logprobs", self.logprobs.map(|v| json!(v)));
+        put("echo", self.echo.map(Value::Bool));
+        put("n", self.n.map(|v| json!(v)));
+        put("safety_model", self.safety_model.clone().map(Value::String));
+        put("min_p", float_for("min_p", self.min_p)?);
+        put(
+            "presence_penalty",
+            float_for("presence_penalty", self.presence_penalty)?,
+        );
+        put(
+            "frequency_penalty",
+            float_for("frequency_penalty", self.frequency_penalty)?,
+        );
+        put("seed", self.seed.map(|v| json!(v)));
+        if !self.logit_bias.is_empty() {
+            let mut map = Map::new();
+            for item in &self.logit_bias {
+                let parsed = item.split_once('=').and_then(|(id, bias)| {
+                    Some((id.trim().to_string(), bias.trim().parse::<f64>().ok()?))
+                });
+                let Some((id, bias)) = parsed else {
+                    return Err(CmplError::invalid(
+                        "logit_bias",
+                        format!("--logit-bias {item:?} is not ID=BIAS; write it like --logit-bias 1024=-10.5"),
+                    ));
+                };
+                map.insert(id, float_for("logit_bias", Some(bias))?.unwrap_or_default());
+            }
+            put("logit_bias", Some(Value::Object(map)));
+        }
+        Ok(raw)
+    }
+}
+
+/// The config's runtime keys, each parsed by its flag's own definition, so
+/// a key accepts exactly what the flag does.
+fn runtime_from_config(config: &Config) -> Result<Cli> {
+    let mut args = vec!["cmpl".to_string()];
+    for (key, value) in &config.runtime {
+        let Value::Number(n) = value else {
+            return Err(config.bad_key(key, &format!("must be a whole number, not {value}")));
+        };
+        args.push(format!("--{}={n}", key.replace('_', "-")));
+    }
+    Cli::try_parse_from(&args).map_err(|e| config.bad_key(&clap_param(&e), &clap_message(&e)))
+}
+
+/// The first line of a clap error, without its `error: ` prefix.
+pub fn clap_message(e: &clap::Error) -> String {
+    let text = e.to_string();
+    let first = text.lines().next().unwrap_or("invalid arguments");
+    first.trim_start_matches("error: ").to_string()
+}
+
+/// The request field (or flag) a clap error is about: `--max-tokens <N>`
+/// becomes `max_tokens`; an unknown flag stays as typed.
+pub fn clap_param(e: &clap::Error) -> String {
+    let Some(arg) = e.get(clap::error::ContextKind::InvalidArg) else {
+        return "argv".to_string();
+    };
+    let arg = arg.to_string();
+    if e.kind() == clap::error::ErrorKind::UnknownArgument {
+        return arg;
+    }
+    let name = arg.split([' ', '=']).next().unwrap_or(&arg);
+    match name.strip_prefix("--") {
+        Some(long) => long.replace('-', "_"),
+        None => name.to_string(),
+    }
 }

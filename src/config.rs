@@ -1,39 +1,57 @@
 //! The config file: the user's defaults, below the JSON request and flags.
 //! `~/.config/cmpl/config.json` (the platform's config dir), or `$CMPL_CONFIG`.
+//! Request fields meet the request's own checks here; runtime keys are
+//! checked by the face against the same definitions as their flags.
 
 use crate::error::{CmplError, Result};
 use crate::request::{RawRequest, Request, FIELDS};
-use serde_json::Value;
+use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
-
-/// Runtime settings a config may hold besides request fields.
-const RUNTIME_KEYS: &[&str] = &["threads", "n_gpu_layers", "ctx_size"];
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Config {
-    /// Request fields (and `model`), checked one by one.
+    /// The file read, if any.
+    pub path: Option<PathBuf>,
+    /// Request fields, checked one by one (`model` apart, below).
     pub request: RawRequest,
-    pub threads: Option<u32>,
-    pub n_gpu_layers: Option<u32>,
-    pub ctx_size: Option<u32>,
+    /// The model, which sits below `$CMPL_MODEL`, not just below the request.
+    pub model: Option<String>,
+    /// Runtime keys (of those the caller knows), not yet checked.
+    pub runtime: Map<String, Value>,
+}
+
+impl Config {
+    /// The error for `key`'s value; the message says what it must be.
+    pub fn bad_key(&self, key: &str, message: &str) -> CmplError {
+        let file = self
+            .path
+            .as_ref()
+            .map_or_else(String::new, |p| p.display().to_string());
+        CmplError::invalid(
+            "config",
+            format!("config file {file}: key `{key}`: {message}"),
+        )
+        .with_param(key)
+    }
 }
 
 pub fn default_path() -> Option<PathBuf> {
     directories::ProjectDirs::from("", "", "cmpl").map(|d| d.config_dir().join("config.json"))
 }
 
-/// Reads `$CMPL_CONFIG` (which must exist) or the default file (if present).
-pub fn load() -> Result<Config> {
+/// Reads `$CMPL_CONFIG` (which must exist) or the default file (if
+/// present). `runtime_keys` are the other keys it may hold.
+pub fn load(runtime_keys: &[&str]) -> Result<Config> {
     match std::env::var_os("CMPL_CONFIG").filter(|v| !v.is_empty()) {
-        Some(path) => read(Path::new(&path)),
+        Some(path) => read(Path::new(&path), runtime_keys),
         None => match default_path() {
-            Some(path) if path.exists() => read(&path),
+            Some(path) if path.exists() => read(&path, runtime_keys),
             _ => Ok(Config::default()),
         },
     }
 }
 
-pub fn read(path: &Path) -> Result<Config> {
+fn read(path: &Path, runtime_keys: &[&str]) -> Result<Config> {
     let bad = |message: String| {
         CmplError::invalid(
             "config",
@@ -51,25 +69,21 @@ pub fn read(path: &Path) -> Result<Config> {
             "must be one JSON object like {\"temperature\": 0}".into()
         ));
     };
-    let mut config = Config::default();
+    let mut config = Config {
+        path: Some(path.to_path_buf()),
+        ..Config::default()
+    };
     for (key, value) in map {
         let bad_key = |message: String| bad(format!("key `{key}`: {message}")).with_param(&key);
-        if RUNTIME_KEYS.contains(&key.as_str()) {
-            let n = value
-                .as_u64()
-                .and_then(|n| u32::try_from(n).ok())
-                .ok_or_else(|| {
-                    bad_key(format!(
-                        "must be a whole number from 0 to {}, not {value}",
-                        u32::MAX
-                    ))
-                })?;
-            match key.as_str() {
-                "threads" if n == 0 => return Err(bad_key("must be at least 1".into())),
-                "threads" => config.threads = Some(n),
-                "n_gpu_layers" => config.n_gpu_layers = Some(n),
-                _ => config.ctx_size = Some(n),
-            }
+        if runtime_keys.contains(&key.as_str()) {
+            config.runtime.insert(key, value);
+        } else if key == "model" {
+            let Value::String(model) = value else {
+                return Err(bad_key(format!(
+                    "must be a string (a path or a model name), not {value}"
+                )));
+            };
+            config.model = Some(model);
         } else if key == "prompt" {
             return Err(bad_key(
                 "a prompt is not a default; give it on the command line".into(),
@@ -85,7 +99,7 @@ pub fn read(path: &Path) -> Result<Config> {
             return Err(bad_key(format!(
                 "unknown key; known keys are the request fields ({}) and {}",
                 FIELDS[1..].join(", "),
-                RUNTIME_KEYS.join(", ")
+                runtime_keys.join(", ")
             )));
         }
     }

@@ -21,7 +21,7 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    /// The `type` field of `ErrorData` (NOTES.md, "Errors").
+    /// The `type` field of `ErrorData`.
     pub fn api_type(self) -> &'static str {
         match self {
             ErrorKind::InvalidRequest => "invalid_request_error",

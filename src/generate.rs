@@ -2,13 +2,12 @@
 //! definitions so every flag is documented from its one definition.
 //! The checked-in `man/` and `completions/` files are this output.
 
-use crate::cli::Cli;
-use clap::{CommandFactory, ValueEnum};
+use clap::Command;
 use clap_complete::Shell;
 use clap_mangen::roff::{bold, italic, roman, Roff};
 use std::io::Write;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Man,
     CompleteBash,
@@ -19,7 +18,36 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// Where the generated file lives in the source tree.
+    pub const ALL: [Kind; 6] = [
+        Kind::Man,
+        Kind::CompleteBash,
+        Kind::CompleteZsh,
+        Kind::CompleteFish,
+        Kind::CompletePowershell,
+        Kind::CompleteElvish,
+    ];
+
+    /// The name `--generate` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Man => "man",
+            Kind::CompleteBash => "complete-bash",
+            Kind::CompleteZsh => "complete-zsh",
+            Kind::CompleteFish => "complete-fish",
+            Kind::CompletePowershell => "complete-powershell",
+            Kind::CompleteElvish => "complete-elvish",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Kind {
+        Kind::ALL
+            .into_iter()
+            .find(|k| k.name() == name)
+            .unwrap_or(Kind::Man)
+    }
+
+    /// Where the generated file lives in the source tree (the checked-in
+    /// copies are tested against, and rewritten from, this list).
     pub fn path(self) -> &'static str {
         match self {
             Kind::Man => "man/cmpl.1",
@@ -32,10 +60,10 @@ impl Kind {
     }
 }
 
-pub fn generate(kind: Kind, out: &mut dyn Write) -> std::io::Result<()> {
-    let mut cmd = Cli::command();
+/// Writes `kind` for the command `cmd` (the CLI's clap definition).
+pub fn generate(kind: Kind, mut cmd: Command, out: &mut dyn Write) -> std::io::Result<()> {
     let shell = match kind {
-        Kind::Man => return man(out),
+        Kind::Man => return man(cmd, out),
         Kind::CompleteBash => Shell::Bash,
         Kind::CompleteZsh => Shell::Zsh,
         Kind::CompleteFish => Shell::Fish,
@@ -52,11 +80,13 @@ const SECTIONS: &[(&str, &[&str])] = &[
     (
         "INPUT",
         &[
-            "With PROMPT, that is the prompt. Without it, standard input is read when it is not a terminal. \
-             Input that starts with '{' is a JSON CompletionRequest: its fields are the request, flags given on \
-             the command line override them, and the answer is JSON (errors included). Anything else is the \
-             prompt as plain text. --request FILE forces the JSON reading, --prompt-file FILE the text reading \
-             ('-' for standard input).",
+            "Standard input is read when it is not a terminal. Input that starts with '{' is a JSON \
+             CompletionRequest: its fields are the request, flags given on the command line override them, PROMPT \
+             replaces its prompt, and the answer is JSON (errors included). Anything else is text: the prompt is \
+             that text, a newline, then PROMPT (cat notes.txt | cmpl 'Summarize the notes above:'), or the text \
+             alone without PROMPT. With standard input a terminal, PROMPT is the prompt. --request FILE forces the \
+             JSON reading, --prompt-file FILE the text reading ('-' for standard input). In a shell loop that reads \
+             standard input itself (while read ...), give cmpl </dev/null so it does not read the loop's input.",
             "Every field of the request is also a flag: the field name in kebab case (max_tokens is --max-tokens). \
              Unknown fields, wrong types and out-of-range values are errors, never silently ignored or clamped.",
             "Defaults come, lowest first, from built-in values, the config file, the JSON request, and flags.",
@@ -96,11 +126,11 @@ const SECTIONS: &[(&str, &[&str])] = &[
         "FILES",
         &[
             "~/.config/cmpl/config.json: defaults, one JSON object. Keys: any request field under its own name \
-             (max_tokens, temperature, stop, ...) and model, threads, n_gpu_layers, ctx_size. A bad key or value \
-             is an error naming the file and the key (exit 2).",
-            "~/.cache/cmpl/models/: models found by name (-m NAME finds NAME or NAME.gguf here), listed by \
-             --list-models; the default model is gemma-3-270m-q4_k_m.gguf. (Platform cache and config dirs \
-             elsewhere.)",
+             (max_tokens, temperature, stop, ...) and model, threads, n_gpu_layers, ctx_size, parallel (each \
+             taking what its flag takes). A bad key or value is an error naming the file and the key (exit 2).",
+            "~/.cache/cmpl/models/ (~/Library/Caches/cmpl/models/ on macOS; cmpl --models-dir prints it): models \
+             found by name (-m NAME finds NAME or NAME.gguf here), listed by --list-models; the default model is \
+             gemma-3-270m-q4_k_m.gguf. (~/Library/Application Support/cmpl/ holds the config on macOS.)",
         ],
     ),
     (
@@ -115,8 +145,8 @@ const SECTIONS: &[(&str, &[&str])] = &[
     ),
 ];
 
-fn man(out: &mut dyn Write) -> std::io::Result<()> {
-    let cmd = Cli::command().version(env!("CARGO_PKG_VERSION"));
+fn man(cmd: Command, out: &mut dyn Write) -> std::io::Result<()> {
+    let cmd = cmd.version(env!("CARGO_PKG_VERSION"));
     let man = clap_mangen::Man::new(cmd)
         .date("")
         .source(format!("cmpl {}", env!("CARGO_PKG_VERSION")));
@@ -144,7 +174,7 @@ fn man(out: &mut dyn Write) -> std::io::Result<()> {
     }
     roff.control("SH", ["SEE ALSO"]).text([
         italic("llama-completion"),
-        roman("(1), the API contract in completions.openapi.yaml"),
+        roman("(1); the response schemas, as JSON Schema, are tests/schema/completions.schema.json in the cmpl source tree"),
     ]);
     roff.to_writer(out)?;
     man.render_version_section(out)

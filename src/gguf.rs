@@ -38,12 +38,11 @@ const TYPE_U32: u32 = 4;
 /// What `inspect` learned about a GGUF file that passed every check.
 #[derive(Debug, Clone)]
 pub struct GgufInfo {
-    pub version: u32,
     pub file_size: u64,
-    pub tensor_count: u64,
     /// Sum over tensors of the product of their dimensions.
     pub parameter_count: u64,
-    /// Every metadata key; arrays are kept only as their length.
+    /// Every metadata key; arrays other than short integer ones are kept
+    /// only as their length.
     pub metadata: BTreeMap<String, MetaValue>,
 }
 
@@ -55,7 +54,12 @@ pub enum MetaValue {
     Float(f64),
     Bool(bool),
     Str(String),
-    Array { len: u64 },
+    /// An array of integers short enough to keep (per-layer counts).
+    Ints(Vec<i64>),
+    /// Any other array, kept only as its length.
+    Array {
+        len: u64,
+    },
 }
 
 impl GgufInfo {
@@ -85,6 +89,15 @@ impl GgufInfo {
     pub fn arch_u64(&self, suffix: &str) -> Option<u64> {
         let arch = self.architecture()?;
         self.get_u64(&format!("{arch}.{suffix}"))
+    }
+
+    /// An architecture-scoped array of non-negative integers (a per-layer value).
+    pub fn arch_u64_list(&self, suffix: &str) -> Option<Vec<u64>> {
+        let arch = self.architecture()?;
+        match self.metadata.get(&format!("{arch}.{suffix}"))? {
+            MetaValue::Ints(v) => v.iter().map(|&i| u64::try_from(i).ok()).collect(),
+            _ => None,
+        }
     }
 }
 
@@ -498,9 +511,7 @@ fn parse<R: Read + Seek>(src: R, file_size: u64) -> Result<GgufInfo, GgufError> 
         let what = || format!("metadata key `{}`", shown(&key));
         let vtype = r.u32(&what)?;
         let value = if vtype == TYPE_ARRAY {
-            MetaValue::Array {
-                len: skip_array(&mut r, &what)?,
-            }
+            read_array(&mut r, &what)?
         } else {
             read_value(&mut r, vtype, &what)?
         };
@@ -720,9 +731,7 @@ fn parse<R: Read + Seek>(src: R, file_size: u64) -> Result<GgufInfo, GgufError> 
     }
 
     Ok(GgufInfo {
-        version,
         file_size,
-        tensor_count,
         parameter_count,
         metadata,
     })
@@ -774,7 +783,11 @@ fn read_bool<R: Read + Seek>(r: &mut Reader<R>, what: What) -> Result<bool, Gguf
 }
 
 /// Checks and skips an array value (after its type id), returning its length.
-fn skip_array<R: Read + Seek>(r: &mut Reader<R>, what: What) -> Result<u64, GgufError> {
+/// Integer arrays up to this length are kept (per-layer values); longer
+/// ones and all others are skipped.
+const KEPT_INTS: u64 = 4096;
+
+fn read_array<R: Read + Seek>(r: &mut Reader<R>, what: What) -> Result<MetaValue, GgufError> {
     let elem = r.u32(what)?;
     if elem == TYPE_ARRAY {
         return fail(format!(
@@ -806,6 +819,17 @@ fn skip_array<R: Read + Seek>(r: &mut Reader<R>, what: What) -> Result<u64, Gguf
         ));
     }
     match elem {
+        0..=5 | 10 | 11 if n <= KEPT_INTS => {
+            let mut ints = Vec::with_capacity(n as usize);
+            for _ in 0..n {
+                ints.push(match read_value(r, elem, what)? {
+                    MetaValue::Int(i) => i,
+                    MetaValue::UInt(u) => i64::try_from(u).unwrap_or(i64::MAX),
+                    _ => 0,
+                });
+            }
+            return Ok(MetaValue::Ints(ints));
+        }
         TYPE_STRING => {
             for j in 0..n {
                 let item = || format!("{} element {j}", what());
@@ -820,7 +844,7 @@ fn skip_array<R: Read + Seek>(r: &mut Reader<R>, what: What) -> Result<u64, Gguf
         }
         _ => r.skip(min_bytes, what)?,
     }
-    Ok(n)
+    Ok(MetaValue::Array { len: n })
 }
 
 #[cfg(test)]
@@ -968,6 +992,11 @@ mod tests {
         ints.extend(2u64.to_le_bytes());
         ints.extend((-1i32).to_le_bytes());
         ints.extend(7i32.to_le_bytes());
+        let mut per_layer = Vec::new();
+        per_layer.extend(4u32.to_le_bytes());
+        per_layer.extend(2u64.to_le_bytes());
+        per_layer.extend(8u32.to_le_bytes());
+        per_layer.extend(0u32.to_le_bytes());
         Builder::new()
             .kv_str("general.architecture", "llama")
             .kv_str("general.name", "tiny")
@@ -978,6 +1007,7 @@ mod tests {
             .kv("llama.some_signed", 11, &(-5i64).to_le_bytes())
             .kv("tokenizer.ggml.tokens", 9, &tokens)
             .kv("llama.ints", 9, &ints)
+            .kv("llama.per_layer", 9, &per_layer)
             .tensor("token_embd.weight", &[256, 2], Q4_K)
             .tensor("blk.0.attn_q.weight", &[8, 8], F32)
             .tensor("output_norm.weight", &[8], F16)
@@ -1017,9 +1047,7 @@ mod tests {
     fn valid_file_passes() {
         let bytes = valid().build();
         let info = check(&bytes).unwrap();
-        assert_eq!(info.version, 3);
         assert_eq!(info.file_size, bytes.len() as u64);
-        assert_eq!(info.tensor_count, 3);
         assert_eq!(info.parameter_count, 512 + 64 + 8);
         assert_eq!(info.architecture(), Some("llama"));
         assert_eq!(info.get_str("general.name"), Some("tiny"));
@@ -1034,17 +1062,23 @@ mod tests {
         assert_eq!(m["llama.rope.freq_base"], MetaValue::Float(10000.0));
         assert_eq!(m["llama.use_parallel_residual"], MetaValue::Bool(true));
         assert_eq!(m["tokenizer.ggml.tokens"], MetaValue::Array { len: 3 });
-        assert_eq!(m["llama.ints"], MetaValue::Array { len: 2 });
-        assert_eq!(m.len(), 9);
+        assert_eq!(m["llama.ints"], MetaValue::Ints(vec![-1, 7]));
+        assert_eq!(
+            info.arch_u64_list("ints"),
+            None,
+            "negative counts are not counts"
+        );
+        assert_eq!(info.arch_u64_list("per_layer"), Some(vec![8, 0]));
+        assert_eq!(m.len(), 10);
     }
 
     #[test]
     fn version_2_custom_alignment_and_no_tensors_pass() {
         let mut b = valid().alignment(64);
         b.version = 2;
-        assert_eq!(check(&b.build()).unwrap().version, 2);
+        assert!(check(&b.build()).is_ok());
         let empty = Builder::new().kv_str("general.architecture", "x").build();
-        assert_eq!(check(&empty).unwrap().tensor_count, 0);
+        assert_eq!(check(&empty).unwrap().parameter_count, 0);
     }
 
     #[test]

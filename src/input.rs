@@ -1,8 +1,8 @@
 //! Where the request comes from: the PROMPT argument, a JSON request, or
 //! plain text, read from stdin or a file.
 
-use crate::cli::Cli;
 use crate::error::{CmplError, Result};
+use crate::options::InputSource;
 use crate::request::RawRequest;
 use std::io::{IsTerminal, Read};
 use std::path::Path;
@@ -15,41 +15,48 @@ pub enum Input {
         origin: String,
         detected: bool,
     },
-    /// The prompt text (from PROMPT, a file, or stdin).
+    /// The prompt text (from PROMPT, a file, or stdin, or stdin then PROMPT).
     Text(String),
     /// Nothing given and stdin is a terminal.
     Nothing,
 }
 
-pub fn read(cli: &Cli) -> Result<Input> {
-    if let Some(path) = &cli.request {
+/// Reads the input. A JSON request's prompt is PROMPT's to replace (the
+/// caller's: a flag over a field); piped text comes before PROMPT, as `llm`
+/// combines them.
+pub fn read(source: &InputSource) -> Result<Input> {
+    if let Some(path) = &source.request_file {
         return Ok(Input::Json {
             text: read_source(path, "--request")?,
             origin: origin(path),
             detected: false,
         });
     }
-    if let Some(path) = &cli.prompt_file {
+    if let Some(path) = &source.prompt_file {
         return Ok(Input::Text(read_source(path, "--prompt-file")?));
     }
-    if let Some(prompt) = &cli.prompt {
-        return Ok(Input::Text(prompt.clone()));
-    }
     if std::io::stdin().is_terminal() {
-        return Ok(Input::Nothing);
+        return Ok(source.prompt.clone().map_or(Input::Nothing, Input::Text));
     }
     let text = read_source(Path::new("-"), "stdin")?;
     // A text that starts like a JSON object is meant as one: a typo in it is
     // an error, not a prompt.
-    if text.trim_start().starts_with('{') {
-        Ok(Input::Json {
+    if looks_like_json(&text) {
+        return Ok(Input::Json {
             text,
             origin: origin(Path::new("-")),
             detected: true,
-        })
-    } else {
-        Ok(Input::Text(text))
+        });
     }
+    Ok(Input::Text(match &source.prompt {
+        Some(prompt) if text.is_empty() => prompt.clone(),
+        Some(prompt) => format!("{text}\n{prompt}"),
+        None => text,
+    }))
+}
+
+pub fn looks_like_json(text: &str) -> bool {
+    text.trim_start().starts_with('{')
 }
 
 impl Input {

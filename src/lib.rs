@@ -1,20 +1,28 @@
 //! `cmpl`: the `/completions` API as a local command-line tool on llama.cpp.
 //!
-//! One-way pipeline: [`cli`] → [`input`] + [`request`] → [`engine`] → [`printer`];
-//! [`app`] wires them and maps errors to exit codes.
+//! One-way pipeline: the face (`cli`: flags, config, stdin) builds a
+//! validated `request::Request`; a `backend::Backend` (the local
+//! llama.cpp `engine`) runs it and reports events; the `printer` turns
+//! them into text, JSON or SSE. `app` wires them and maps errors to exit codes.
 
-pub mod api;
 pub mod app;
-pub mod batch;
-pub mod cli;
-pub mod config;
-pub mod engine;
 pub mod error;
 pub mod generate;
-pub mod gguf;
-pub mod input;
-pub mod models;
-pub mod printer;
 pub mod request;
-pub mod signal;
 pub mod stop;
+
+mod api;
+mod backend;
+mod batch;
+mod cli;
+mod config;
+mod engine;
+mod gguf;
+mod input;
+mod models;
+mod oneshot;
+mod open;
+mod options;
+mod printer;
+mod random;
+mod signal;

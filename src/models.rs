@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 /// The model used when nothing names one.
 pub const DEFAULT_MODEL_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
 
-/// `~/.cache/cmpl/models` on Linux (the platform's cache dir elsewhere).
+/// `~/.cache/cmpl/models` on Linux (the platform's cache dir elsewhere:
+/// `~/Library/Caches/cmpl/models` on macOS). The one definition of the
+/// folder: `scripts/fetch-model` asks `cmpl --models-dir` for it.
 pub fn models_dir() -> Option<PathBuf> {
     directories::ProjectDirs::from("", "", "cmpl").map(|d| d.cache_dir().join("models"))
 }
@@ -18,6 +20,18 @@ pub struct ModelRef {
     /// What the response's `model` says: the user's string, or the default's file name.
     pub name: String,
     pub path: PathBuf,
+}
+
+impl ModelRef {
+    /// Whether `named` (a request's `model`) names this model: the same
+    /// string, or a name that resolves to the same file.
+    pub fn is(&self, named: &str) -> bool {
+        named == self.name
+            || find(named).is_some_and(|p| {
+                let canon = |p: &Path| std::fs::canonicalize(p).ok();
+                canon(&p).is_some() && canon(&p) == canon(&self.path)
+            })
+    }
 }
 
 /// Resolves the first of: `-m` or the request's `model` (`given`),

@@ -2,11 +2,12 @@
 //! `CompletionResponse`, or a stream of Server-Sent Events.
 
 use crate::api::{
-    ChunkChoice, ChunkDelta, ChunkToken, CompletionChunk, CompletionResponse, FinishReason,
-    PromptPart, ResponseHeader, Usage,
+    Choice, ChunkChoice, ChunkDelta, ChunkToken, CompletionChunk, CompletionResponse, FinishReason,
+    LogprobsPart, PromptPart, ResponseHeader, Usage,
 };
-use crate::engine::{Event, JobResult};
+use crate::backend::{Event, Finish, JobResult, TokenInfo};
 use crate::error::Result;
+use crate::request::Request;
 use std::io::Write;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,11 +19,14 @@ pub enum Format {
 
 pub struct Printer<W: Write> {
     out: W,
+    /// The job whose events this printer shows (a backend may run several).
+    job: usize,
     format: Format,
     header: ResponseHeader,
     prompt: String,
     echo: bool,
     n: u32,
+    logprobs: Option<u32>,
     /// Flush after every token (a terminal, or `--stream`).
     live: bool,
     /// Add a final newline (a terminal).
@@ -39,20 +43,23 @@ pub struct Printer<W: Write> {
 impl<W: Write> Printer<W> {
     pub fn new(
         out: W,
+        job: usize,
         format: Format,
         header: ResponseHeader,
-        request: &crate::request::Request,
+        request: &Request,
         tty: bool,
         color: bool,
     ) -> Self {
         let color = color && format == Format::Text;
         Printer {
             out,
+            job,
             format,
             header,
             prompt: request.prompt.clone(),
             echo: request.echo,
             n: request.n,
+            logprobs: request.logprobs,
             live: tty || request.stream,
             tty,
             prompt_tokens: 0,
@@ -62,7 +69,18 @@ impl<W: Write> Printer<W> {
         }
     }
 
+    /// Prints what `event` adds to the output. A rejection is the caller's
+    /// to report.
     pub fn event(&mut self, event: Event) -> Result<()> {
+        let job = match &event {
+            Event::Rejected { job, .. }
+            | Event::Started { job, .. }
+            | Event::Token { job, .. }
+            | Event::Done { job, .. } => *job,
+        };
+        if job != self.job {
+            return Ok(());
+        }
         match (self.format, event) {
             (
                 _,
@@ -111,7 +129,7 @@ impl<W: Write> Printer<W> {
                 },
             ) => {
                 let usage = finish.map(|_| Usage::new(self.prompt_tokens, completion_tokens));
-                let chunk = self.chunk(choice, token, text, finish, usage, seed);
+                let chunk = self.chunk(choice, token, text, finish.map(reason), usage, seed);
                 self.write_sse(&chunk)?;
             }
             (Format::Text, Event::Done { result, .. }) => self.write_choices(&result)?,
@@ -192,7 +210,7 @@ impl<W: Write> Printer<W> {
                 "--- choice {} (seed {}, {}) ---\n",
                 c.index,
                 c.seed,
-                finish_word(c.finish_reason)
+                finish_word(c.finish)
             );
             self.write_text(&header)?;
             if self.echo {
@@ -215,7 +233,7 @@ impl<W: Write> Printer<W> {
     fn chunk(
         &self,
         choice: u32,
-        token: &crate::engine::TokenInfo,
+        token: &TokenInfo,
         text: &str,
         finish: Option<FinishReason>,
         usage: Option<Usage>,
@@ -248,7 +266,7 @@ impl<W: Write> Printer<W> {
     }
 
     fn response(&self, result: JobResult) -> CompletionResponse {
-        response(&self.header, &self.prompt, self.echo, result)
+        response(&self.header, &self.prompt, self.echo, self.logprobs, result)
     }
 }
 
@@ -257,8 +275,10 @@ pub fn response(
     header: &ResponseHeader,
     prompt: &str,
     echo: bool,
+    logprobs: Option<u32>,
     result: JobResult,
 ) -> CompletionResponse {
+    let part = |tokens: &[TokenInfo]| logprobs_part(tokens, logprobs);
     CompletionResponse {
         id: header.id.clone(),
         object: "text.completion",
@@ -268,12 +288,45 @@ pub fn response(
         prompt: if echo {
             vec![PromptPart {
                 text: prompt.to_string(),
-                logprobs: result.prompt_logprobs,
+                logprobs: logprobs.and(result.prompt.as_deref().map(part)),
             }]
         } else {
             Vec::new()
         },
-        choices: result.choices,
+        choices: result
+            .choices
+            .into_iter()
+            .map(|c| Choice {
+                logprobs: c.tokens.as_deref().map(part),
+                text: c.text,
+                index: c.index,
+                seed: c.seed,
+                finish_reason: reason(c.finish),
+            })
+            .collect(),
+    }
+}
+
+/// Tokens with their logprobs, and the top `k` alternatives where `k` > 0.
+fn logprobs_part(tokens: &[TokenInfo], logprobs: Option<u32>) -> LogprobsPart {
+    LogprobsPart {
+        tokens: tokens.iter().map(|t| t.text.clone()).collect(),
+        token_ids: tokens.iter().map(|t| t.id).collect(),
+        token_logprobs: tokens.iter().map(|t| t.logprob).collect(),
+        top_logprobs: logprobs.filter(|&k| k > 0).map(|_| {
+            tokens
+                .iter()
+                .map(|t| t.top.iter().cloned().collect())
+                .collect()
+        }),
+    }
+}
+
+fn reason(finish: Finish) -> FinishReason {
+    match finish {
+        Finish::Stop => FinishReason::Stop,
+        Finish::Eos => FinishReason::Eos,
+        Finish::Length => FinishReason::Length,
     }
 }
 
@@ -318,7 +371,7 @@ pub fn heat_legend() -> String {
 
 /// A prompt token's text as it appears in the prompt (special tokens such as
 /// BOS add nothing to the text).
-fn piece_text(t: &crate::engine::TokenInfo) -> String {
+fn piece_text(t: &TokenInfo) -> String {
     if t.special {
         String::new()
     } else {
@@ -326,10 +379,10 @@ fn piece_text(t: &crate::engine::TokenInfo) -> String {
     }
 }
 
-fn finish_word(reason: FinishReason) -> &'static str {
-    match reason {
-        FinishReason::Stop => "stop",
-        FinishReason::Eos => "eos",
-        FinishReason::Length => "length",
+fn finish_word(finish: Finish) -> &'static str {
+    match finish {
+        Finish::Stop => "stop",
+        Finish::Eos => "eos",
+        Finish::Length => "length",
     }
 }

@@ -73,7 +73,7 @@ fn answers_in_input_order_with_errors_in_place() {
     assert!(v[5]["error"]["message"]
         .as_str()
         .unwrap()
-        .contains("one batch runs one model"));
+        .contains("one run serves one model"));
     assert_eq!(v[6]["usage"]["completion_tokens"], 1);
     // Errors are also told on stderr.
     assert!(out.stderr.contains("line 5:"), "{}", out.stderr);
@@ -173,9 +173,8 @@ fn same_input_same_output_file() {
 
 #[test]
 fn lines_stream_flag_and_file_argument() {
-    let dir = std::env::temp_dir().join(format!("cmpl-batch-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("in.jsonl");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("in.jsonl");
     let line = json!({"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0, "stream": true, "echo": true});
     std::fs::write(&file, format!("{line}\n")).unwrap();
     let out = cmpl(&["--batch", file.to_str().unwrap()]).run();

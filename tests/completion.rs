@@ -396,10 +396,52 @@ fn plain_text_on_stdin_is_the_prompt() {
 }
 
 #[test]
+fn piped_text_comes_before_prompt() {
+    let echoed = |out: common::run::Output| {
+        out.ok();
+        out.json()["prompt"][0]["text"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let args = [
+        "Summarize the notes above:",
+        "--max-tokens",
+        "1",
+        "--echo",
+        "--json",
+    ];
+    // As `llm` combines them: the piped text, a newline, then PROMPT.
+    let out = cmpl(&args).stdin("milk, eggs\n").run();
+    assert_eq!(echoed(out), "milk, eggs\n\nSummarize the notes above:");
+    // Nothing piped: PROMPT alone.
+    assert_eq!(echoed(cmpl(&args).run()), "Summarize the notes above:");
+    // A JSON request: PROMPT replaces its prompt (a flag over a field).
+    let out = cmpl(&args)
+        .stdin(r#"{"prompt": "ignored", "max_tokens": 5}"#)
+        .run();
+    let v = out.json();
+    assert_eq!(v["prompt"][0]["text"], "Summarize the notes above:");
+    assert_eq!(v["usage"]["completion_tokens"], 1, "flags still win");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("req.json");
+    std::fs::write(&file, r#"{"prompt": "ignored"}"#).unwrap();
+    let out = cmpl(&[
+        "--request",
+        file.to_str().unwrap(),
+        "Hello",
+        "--max-tokens",
+        "1",
+        "--echo",
+    ])
+    .run();
+    assert_eq!(echoed(out), "Hello");
+}
+
+#[test]
 fn request_file_is_read_as_json() {
-    let dir = std::env::temp_dir().join(format!("cmpl-req-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("req.json");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("req.json");
     std::fs::write(
         &file,
         format!(r#"{{"prompt": "{FRANCE}", "max_tokens": 24, "temperature": 0}}"#),

@@ -99,7 +99,7 @@ const CASES: &[Case] = &[
     flag(&[""], "prompt", "empty"),
     flag(
         &["hi", "--max-tokens", "many"],
-        "--max-tokens <N>",
+        "max_tokens",
         "invalid value",
     ),
     flag(
@@ -239,6 +239,30 @@ const CASES: &[Case] = &[
         param: Some("request"),
         says: "not valid JSON",
     },
+    // A flag clap refuses is still answered in JSON when the answer is JSON.
+    flag(&["hi", "--top-k", "x"], "top_k", "invalid value 'x'"),
+    flag(&["hi", "-t", "0"], "threads", "0 is not in 1..=1024"),
+    Case {
+        args: &["--request", "-", "--temperature", "abc"],
+        stdin: Some("{\"prompt\": \"hi\"}"),
+        code: 2,
+        param: Some("temperature"),
+        says: "invalid value 'abc' for '--temperature <T>'",
+    },
+    Case {
+        args: &["--max-tokens", "abc"],
+        stdin: Some("  {\"prompt\": \"hi\"}"),
+        code: 2,
+        param: Some("max_tokens"),
+        says: "invalid value 'abc'",
+    },
+    Case {
+        args: &["--batch", "--parallel", "0"],
+        stdin: Some("{\"prompt\": \"hi\"}"),
+        code: 2,
+        param: Some("parallel"),
+        says: "0 is not in 1..=256",
+    },
     Case {
         args: &["--request", "/nonexistent/req.json"],
         stdin: None,
@@ -268,8 +292,9 @@ fn bad_requests_fail_clearly() {
             );
             // JSON mode (asked, or implied by a JSON request): ErrorData on stdout.
             if json
-                || case.stdin.is_some_and(|s| s.starts_with('{'))
+                || case.stdin.is_some_and(|s| s.trim_start().starts_with('{'))
                 || case.args.contains(&"--request")
+                || case.args.contains(&"--batch")
             {
                 let v = out.json();
                 assert_valid("ErrorData", &v);
@@ -304,11 +329,10 @@ fn missing_model_says_how_to_get_one() {
     assert_eq!(v["error"]["type"], "model_error");
     assert_eq!(v["error"]["param"], "model");
     // No model anywhere: the default is looked up in an empty cache dir.
-    let empty = std::env::temp_dir().join(format!("cmpl-empty-cache-{}", std::process::id()));
-    std::fs::create_dir_all(&empty).unwrap();
+    let empty = tempfile::tempdir().unwrap();
     let out = cmpl(&["hi"])
         .env_remove("CMPL_MODEL")
-        .env("XDG_CACHE_HOME", &empty)
+        .env("XDG_CACHE_HOME", empty.path())
         .run();
     out.fails(1, "default model is not installed");
 }

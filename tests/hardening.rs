@@ -5,14 +5,7 @@ mod common;
 use common::run::{cmpl, model_path};
 use common::schema::assert_valid;
 use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("cmpl-hardening-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
+use std::path::Path;
 
 /// Runs a completion on `model` and asserts a model_error naming the file.
 fn refuses_model(model: &Path, says: &str) {
@@ -42,6 +35,8 @@ fn model_bytes() -> Vec<u8> {
 
 #[test]
 fn not_a_model_file() {
+    let scratch = tempfile::tempdir().unwrap();
+    let scratch = |name: &str| scratch.path().join(name);
     let dir = scratch("a-directory");
     std::fs::create_dir_all(&dir).unwrap();
     refuses_model(&dir, "is a directory");
@@ -55,6 +50,8 @@ fn not_a_model_file() {
 
 #[test]
 fn truncated_models_are_refused() {
+    let scratch = tempfile::tempdir().unwrap();
+    let scratch = |name: &str| scratch.path().join(name);
     let bytes = model_bytes();
     let len = bytes.len();
     for cut in [4, 8, 20, 1000, 100_000, 3_000_000, len / 2, len - 1] {
@@ -70,6 +67,8 @@ fn truncated_models_are_refused() {
 
 #[test]
 fn corrupt_headers_are_refused() {
+    let scratch = tempfile::tempdir().unwrap();
+    let scratch = |name: &str| scratch.path().join(name);
     let bytes = model_bytes();
     let corrupt = |name: &str, at: usize, patch: &[u8], says: &str| {
         let mut b = bytes[..8_000_000].to_vec();
@@ -122,21 +121,15 @@ fn a_kv_cache_that_cannot_fit_is_refused_before_allocating() {
 
 #[test]
 fn a_closed_pipe_ends_quietly() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cmpl"))
-        .args([
-            "1, 2, 3,",
-            "--max-tokens",
-            "400",
-            "--temperature",
-            "0",
-            "--stream",
-        ])
-        .env("CMPL_MODEL", model_path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = cmpl(&[
+        "1, 2, 3,",
+        "--max-tokens",
+        "400",
+        "--temperature",
+        "0",
+        "--stream",
+    ])
+    .spawn();
     let mut first = [0u8; 1];
     child
         .stdout
@@ -152,14 +145,7 @@ fn a_closed_pipe_ends_quietly() {
 
 /// Starts a long generation, waits for its first output, sends SIGINT.
 fn interrupt(args: &[&str]) -> (Option<i32>, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cmpl"))
-        .args(args)
-        .env("CMPL_MODEL", model_path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = cmpl(args).spawn();
     let mut stdout = child.stdout.take().unwrap();
     let mut buf = vec![0u8; 4096];
     let n = stdout.read(&mut buf).unwrap();

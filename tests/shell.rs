@@ -2,27 +2,27 @@
 //! colour rules.
 
 mod common;
-use common::run::{cmpl, model_path};
-use std::path::PathBuf;
+use cmpl::generate::Kind;
+use common::run::{cmpl, cmpl_on_a_terminal, model_path};
+use std::path::{Path, PathBuf};
 
-const KINDS: &[(&str, &str)] = &[
-    ("man", "man/cmpl.1"),
-    ("complete-bash", "completions/cmpl.bash"),
-    ("complete-zsh", "completions/_cmpl"),
-    ("complete-fish", "completions/cmpl.fish"),
-    ("complete-powershell", "completions/_cmpl.ps1"),
-    ("complete-elvish", "completions/cmpl.elv"),
-];
-
+/// With CMPL_BLESS=1 (scripts/generate) the stale files are rewritten
+/// instead: the list of generated files lives in one place, `Kind`.
 #[test]
 fn checked_in_files_are_what_the_code_generates() {
-    for (kind, path) in KINDS {
-        let out = cmpl(&["--generate", kind]).run();
-        let file =
-            std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path)).unwrap();
+    let bless = std::env::var_os("CMPL_BLESS").is_some_and(|v| v == "1");
+    for kind in Kind::ALL {
+        let out = cmpl(&["--generate", kind.name()]).run();
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(kind.path());
+        if bless {
+            std::fs::write(&path, out.ok()).unwrap();
+            continue;
+        }
+        let file = std::fs::read_to_string(&path).unwrap();
         assert!(
             out.ok() == file,
-            "{path} is stale: regenerate with `cmpl --generate {kind} > {path}`"
+            "{} is stale: regenerate with scripts/generate",
+            kind.path()
         );
     }
 }
@@ -52,12 +52,12 @@ fn man_page_renders_without_warnings() {
     }
 }
 
-fn config(name: &str, body: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("cmpl-config-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join(name);
+/// A config file holding `body`, in a folder removed when it drops.
+fn config(name: &str, body: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join(name);
     std::fs::write(&file, body).unwrap();
-    file
+    (dir, file)
 }
 
 fn completion_tokens(args: &[&str], config_file: &PathBuf, stdin: Option<&str>) -> u64 {
@@ -72,7 +72,7 @@ fn completion_tokens(args: &[&str], config_file: &PathBuf, stdin: Option<&str>) 
 
 #[test]
 fn config_precedence_flags_then_request_then_config() {
-    let file = config(
+    let (_dir, file) = config(
         "precedence.json",
         r#"{"max_tokens": 3, "temperature": 0, "threads": 1}"#,
     );
@@ -98,16 +98,18 @@ fn config_precedence_flags_then_request_then_config() {
         .run();
     assert_eq!(out.ok(), " the capital of the country of France.");
     // The default config location is read too.
-    let home = std::env::temp_dir().join(format!("cmpl-xdg-{}", std::process::id()));
-    std::fs::create_dir_all(home.join("cmpl")).unwrap();
-    std::fs::write(home.join("cmpl/config.json"), r#"{"max_tokens": 4}"#).unwrap();
-    let out = cmpl(&["Hi", "--json"]).env("XDG_CONFIG_HOME", &home).run();
+    let home = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(home.path().join("cmpl")).unwrap();
+    std::fs::write(home.path().join("cmpl/config.json"), r#"{"max_tokens": 4}"#).unwrap();
+    let out = cmpl(&["Hi", "--json"])
+        .env("XDG_CONFIG_HOME", home.path())
+        .run();
     assert_eq!(out.json()["usage"]["completion_tokens"], 4);
 }
 
 #[test]
 fn config_model_is_below_the_environment() {
-    let file = config(
+    let (_dir, file) = config(
         "model.json",
         r#"{"model": "/nonexistent/from-config.gguf"}"#,
     );
@@ -141,13 +143,19 @@ fn a_broken_config_names_the_file_the_key_and_the_problem() {
         ("type.json", "{\"stop\": \"\\n\"}", "key `stop`"),
         (
             "threads.json",
-            "{\"threads\": -1}",
+            "{\"threads\": \"4\"}",
             "key `threads`: must be a whole number",
+        ),
+        // A runtime key takes what its flag takes (-t 0 is refused too).
+        (
+            "threads-zero.json",
+            "{\"threads\": 0}",
+            "key `threads`: invalid value '0' for '--threads <N>'",
         ),
         ("prompt.json", "{\"prompt\": \"x\"}", "key `prompt`"),
     ];
     for (name, body, says) in cases {
-        let file = config(name, body);
+        let (_dir, file) = config(name, body);
         let out = cmpl(&["Hi", "--json"]).env("CMPL_CONFIG", &file).run();
         let stderr = out.fails(2, says);
         assert!(
@@ -200,24 +208,11 @@ fn list_models_reads_the_gguf_metadata() {
 
 /// Runs cmpl under a pseudo-terminal (util-linux `script`), returning what it printed.
 fn on_a_terminal(args: &str, env: &[(&str, &str)]) -> String {
-    let mut cmd = std::process::Command::new("script");
-    let command = format!("{} {args}", env!("CARGO_BIN_EXE_cmpl"));
-    cmd.args(["-qec", &command, "/dev/null"])
-        .env("CMPL_MODEL", model_path())
-        .env(
-            "XDG_CONFIG_HOME",
-            std::env::temp_dir().join("cmpl-tests-no-config"),
-        )
-        .env_remove("NO_COLOR")
-        .stdin(std::process::Stdio::null());
+    let mut cmd = cmpl_on_a_terminal(args);
     for (k, v) in env {
-        cmd.env(k, v);
+        cmd = cmd.env(k, v);
     }
-    let out = cmd
-        .output()
-        .expect("`script` (util-linux) is needed for terminal tests");
-    assert!(out.status.success(), "{out:?}");
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    cmd.run().ok().to_string()
 }
 
 #[test]

@@ -1,23 +1,29 @@
-//! Everything that touches llama.cpp: loading, tokenizing, sizing the
-//! context, and the decode loop. It knows nothing of terminals or JSON: it
-//! reports [`Event`]s.
+//! The local backend: everything that touches llama.cpp. Loading,
+//! tokenizing, sizing the context, and the decode loop; it reports
+//! [`Event`](crate::backend::Event)s and knows nothing of terminals or JSON.
 
 mod draw;
 mod load;
 mod logprobs;
+mod memory;
 mod sampler;
 mod scheduler;
 mod vector;
 
-pub use scheduler::{Event, JobResult, RunOptions, TokenInfo};
-
+use crate::backend::{Backend, Event, RunOptions, Sink};
 use crate::error::{CmplError, Result};
 use crate::gguf::GgufInfo;
+use crate::models::ModelRef;
 use crate::request::Request;
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
-use std::path::Path;
+use std::sync::atomic::AtomicBool;
+
+/// Sequences decoded together when `--parallel` is not given (fewer when
+/// their KV cache would take over half the free memory): past this,
+/// llama.cpp's batched decoding on CPU gains little.
+const DEFAULT_PARALLEL: u32 = 32;
 
 pub struct LoadOptions {
     /// CPU threads for decoding; default: the physical cores.
@@ -35,39 +41,92 @@ pub struct LoadOptions {
 pub struct Engine {
     model: LlamaModel,
     backend: LlamaBackend,
+    /// The model as the user named it, and its file.
+    model_ref: ModelRef,
     info: GgufInfo,
     threads: i32,
     longest_piece: std::sync::OnceLock<usize>,
 }
 
 /// One request made ready for the decode loop.
-pub struct Job {
-    pub request: Request,
-    pub tokens: Vec<LlamaToken>,
+struct Job {
+    request: Request,
+    tokens: Vec<LlamaToken>,
     /// Seed of each choice.
-    pub seeds: Vec<u32>,
+    seeds: Vec<u32>,
     /// Tokens each choice may generate (`max_tokens`, or less where the context ends).
-    pub budget: u32,
+    budget: u32,
     /// Compute the sampled token's logprob even without `logprobs` (streams carry it).
-    pub token_logprob: bool,
+    token_logprob: bool,
 }
 
 impl Job {
     /// KV cache cells the job holds while it runs: the prompt once, shared by
     /// all choices, plus each choice's own tokens.
-    pub fn cells(&self) -> u32 {
+    fn cells(&self) -> u32 {
         self.tokens.len() as u32 + self.request.n * self.budget
     }
+}
+
+impl Backend for Engine {
+    fn run(
+        &self,
+        requests: Vec<Request>,
+        opts: &RunOptions,
+        interrupted: &AtomicBool,
+        sink: &mut Sink,
+    ) -> Result<()> {
+        let mut jobs = Vec::with_capacity(requests.len());
+        for (index, request) in requests.into_iter().enumerate() {
+            match self.prepare(request, opts) {
+                Ok(job) => jobs.push((index, job)),
+                Err(error) => sink(Event::Rejected { job: index, error })?,
+            }
+        }
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        // A job's choices always run together, even past --parallel; and no
+        // more slots than there are choices in all.
+        let widest = jobs.iter().map(|(_, j)| j.request.n).max().unwrap_or(1);
+        let choices: u32 = jobs.iter().map(|(_, j)| j.request.n).sum();
+        let parallel = opts.parallel.unwrap_or_else(|| {
+            let mut p = DEFAULT_PARALLEL;
+            while p > 1 && !self.fits_comfortably(context_cells(&jobs, p)) {
+                p /= 2;
+            }
+            p
+        });
+        let slots = parallel.min(choices).max(widest);
+        let cells = opts.ctx_size.unwrap_or_else(|| context_cells(&jobs, slots));
+        self.check_memory(cells)?;
+        self.decode_all(jobs, slots, cells, interrupted, sink)
+    }
+}
+
+/// The KV cells for a run: room for `slots` choices of the largest size at
+/// once, and at least the largest job whole.
+fn context_cells(jobs: &[(usize, Job)], slots: u32) -> u32 {
+    let per_choice = jobs
+        .iter()
+        .map(|(_, j)| j.tokens.len() as u32 + j.budget)
+        .max()
+        .unwrap_or(1);
+    let largest = jobs.iter().map(|(_, j)| j.cells()).max().unwrap_or(1);
+    let all: u64 = jobs.iter().map(|(_, j)| u64::from(j.cells())).sum();
+    let want = u64::from(largest.max(per_choice.saturating_mul(slots)));
+    want.min(all.max(u64::from(largest))) as u32
 }
 
 impl Engine {
     /// Checks the file, then loads it; `progress` gets 0.0..=1.0 as weights
     /// load, and returns false to abandon loading.
     pub fn load(
-        path: &Path,
+        model_ref: ModelRef,
         opts: &LoadOptions,
         progress: impl FnMut(f32) -> bool,
     ) -> Result<Engine> {
+        let path = model_ref.path.as_path();
         let info = crate::gguf::inspect(path)
             .map_err(|e| CmplError::model(format!("{}: {e}", path.display())))?;
         let mut backend = LlamaBackend::init()
@@ -94,6 +153,7 @@ impl Engine {
         Ok(Engine {
             model,
             backend,
+            model_ref,
             info,
             threads,
             longest_piece: std::sync::OnceLock::new(),
@@ -112,17 +172,13 @@ impl Engine {
         })
     }
 
-    pub fn n_ctx_train(&self) -> u32 {
+    fn n_ctx_train(&self) -> u32 {
         self.model.n_ctx_train()
-    }
-
-    pub fn threads(&self) -> i32 {
-        self.threads
     }
 
     /// Tokenizes the prompt (special tokens parsed) and adds BOS when the
     /// model asks for it and the prompt does not already start with it.
-    pub fn tokenize(&self, prompt: &str) -> Vec<LlamaToken> {
+    fn tokenize(&self, prompt: &str) -> Vec<LlamaToken> {
         let vocab = self.model.vocab();
         let mut tokens = vocab.tokenize(prompt.as_bytes(), false, true);
         if vocab.should_add_bos() && tokens.first() != Some(&vocab.bos()) {
@@ -131,9 +187,21 @@ impl Engine {
         tokens
     }
 
-    /// Checks `request` against this model and sizes it. `cells` caps the KV
-    /// cache (`--ctx-size`); default: the model's training context.
-    pub fn prepare(&self, request: Request, cells: Option<u32>) -> Result<Job> {
+    /// Checks `request` against this model and sizes it. `--ctx-size` caps
+    /// the KV cache; default: the model's training context.
+    fn prepare(&self, request: Request, opts: &RunOptions) -> Result<Job> {
+        let cells = opts.ctx_size;
+        if let Some(named) = &request.model {
+            if !self.model_ref.is(named) {
+                return Err(CmplError::invalid(
+                    "model",
+                    format!(
+                        "the request names model `{named}`, but `{}` is loaded: one run serves one model; leave `model` out or split the requests by model",
+                        self.model_ref.name
+                    ),
+                ));
+            }
+        }
         let n_vocab = self.model.n_vocab() as i64;
         if let Some(&(id, _)) = request
             .sampling
@@ -165,6 +233,13 @@ impl Engine {
             }
         }
         let tokens = self.tokenize(&request.prompt);
+        if tokens.is_empty() {
+            // Nothing to condition on: a draw would read stale or no logits.
+            return Err(CmplError::invalid(
+                "prompt",
+                "the prompt tokenizes to no tokens with this model (which adds no BOS); give some text to complete",
+            ));
+        }
         let n_prompt = tokens.len() as u32;
         // Each choice's positions end at the model's window; with --ctx-size,
         // the choices also share that many KV cells after the prompt's.
@@ -187,38 +262,14 @@ impl Engine {
             ))
             .with_param("prompt"));
         }
-        let base = request
-            .seed
-            .unwrap_or_else(|| crate::api::random_u64() as u32);
+        let base = request.seed.unwrap_or_else(|| crate::random::u64() as u32);
         Ok(Job {
             seeds: (0..request.n).map(|i| base.wrapping_add(i)).collect(),
             budget: request.max_tokens.min(room),
             tokens,
             request,
-            token_logprob: false,
+            token_logprob: opts.token_logprobs,
         })
-    }
-
-    /// Bytes of KV cache that `cells` cells take (f16 keys and values), from
-    /// the file's metadata; `None` where the metadata doesn't say.
-    pub fn kv_bytes(&self, cells: u32) -> Option<u64> {
-        let layers = self.info.arch_u64("block_count")?;
-        let heads_kv = self
-            .info
-            .arch_u64("attention.head_count_kv")
-            .or_else(|| self.info.arch_u64("attention.head_count"))?;
-        let head_dim = match self.info.arch_u64("attention.key_length") {
-            Some(d) => d,
-            None => {
-                self.info.arch_u64("embedding_length")?
-                    / self.info.arch_u64("attention.head_count")?
-            }
-        };
-        let v_dim = self
-            .info
-            .arch_u64("attention.value_length")
-            .unwrap_or(head_dim);
-        Some(u64::from(cells) * layers * heads_kv * (head_dim + v_dim) * 2)
     }
 }
 

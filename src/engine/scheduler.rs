@@ -5,7 +5,7 @@
 
 use super::logprobs::{log_sum_exp, top_k};
 use super::{sampler, Engine, Job};
-use crate::api::{Choice, FinishReason, LogprobsPart};
+use crate::backend::{ChoiceResult, Event, Finish, JobResult, Sink, TokenInfo};
 use crate::error::{CmplError, Result};
 use crate::stop::StopMatcher;
 use llama_cpp_2::context::params::LlamaContextParams;
@@ -20,61 +20,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// kept (echo with logprobs), since each costs a vocabulary of floats.
 const PROMPT_CHUNK: usize = 512;
 const PROMPT_CHUNK_ALL_LOGITS: usize = 32;
-
-/// One token as the outputs show it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TokenInfo {
-    pub id: i32,
-    /// The token's text, special tokens written out (`<eos>`).
-    pub text: String,
-    /// Under the raw distribution; `None` when not computed or without context.
-    pub logprob: Option<f32>,
-    /// The most likely alternatives at this position, best first.
-    pub top: Vec<(String, f32)>,
-    pub special: bool,
-}
-
-/// What the loop reports, in order, to the caller's sink.
-pub enum Event<'a> {
-    /// A job's prompt was evaluated. `prompt` holds its tokens when echoed.
-    Started {
-        job: usize,
-        prompt_tokens: u32,
-        prompt: Option<&'a [TokenInfo]>,
-        /// Each choice's seed.
-        seeds: &'a [u32],
-    },
-    /// A choice produced a token. `text` is what became final with it (the
-    /// stop matcher may hold text back, or release several tokens' worth).
-    Token {
-        job: usize,
-        choice: u32,
-        seed: u32,
-        token: &'a TokenInfo,
-        text: &'a str,
-        /// Set on the choice's last token.
-        finish: Option<FinishReason>,
-        completion_tokens: u32,
-    },
-    /// Every choice of the job finished.
-    Done { job: usize, result: JobResult },
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct JobResult {
-    pub prompt_tokens: u32,
-    pub completion_tokens: u32,
-    /// With echo: the prompt's tokens (and logprobs when asked).
-    pub prompt_logprobs: Option<LogprobsPart>,
-    pub choices: Vec<Choice>,
-}
-
-pub struct RunOptions {
-    /// Sequences decoded together (slots).
-    pub parallel: u32,
-    /// KV cache cells of the context.
-    pub cells: u32,
-}
 
 struct ChoiceState {
     job: usize,
@@ -94,35 +39,32 @@ struct ChoiceState {
 struct JobState {
     job: Job,
     running: u32,
-    prompt_logprobs: Option<LogprobsPart>,
-    choices: Vec<Option<Choice>>,
+    prompt: Option<Vec<TokenInfo>>,
+    choices: Vec<Option<ChoiceResult>>,
     completion_tokens: u32,
 }
 
-type Sink<'s> = dyn FnMut(Event) -> Result<()> + 's;
-
 impl Engine {
-    /// Runs `jobs` to completion, reporting to `sink`. Stops with an
+    /// Runs `jobs` (each with its index) to completion in `parallel`
+    /// sequences over `cells` KV cells, reporting to `sink`. Stops with an
     /// `Interrupted` error as soon as `interrupted` is set.
-    pub fn run(
+    pub(super) fn decode_all(
         &self,
-        jobs: Vec<Job>,
-        opts: &RunOptions,
+        jobs: Vec<(usize, Job)>,
+        parallel: u32,
+        cells: u32,
         interrupted: &AtomicBool,
         sink: &mut Sink,
     ) -> Result<()> {
-        if jobs.is_empty() {
-            return Ok(());
-        }
-        let batch_size = PROMPT_CHUNK.max(opts.parallel as usize);
+        let batch_size = PROMPT_CHUNK.max(parallel as usize);
         // llama.cpp clamps the batch to the context, and needs a batch at
         // least as wide as the sequences it decodes together.
-        let cells = opts.cells.max(opts.parallel);
+        let cells = cells.max(parallel);
         let params = LlamaContextParams::default()
             .with_n_ctx(NonZeroU32::new(cells))
             .with_n_batch(batch_size as u32)
             .with_n_ubatch(batch_size as u32)
-            .with_n_seq_max(opts.parallel)
+            .with_n_seq_max(parallel)
             .with_kv_unified(true)
             .with_n_threads(self.threads)
             .with_n_threads_batch(self.threads);
@@ -130,15 +72,15 @@ impl Engine {
             .model
             .new_context(&self.backend, params)
             .map_err(|e| CmplError::internal(format!("cannot create a llama.cpp context: {e}")))?;
-        let mut batch = LlamaBatch::new(batch_size, opts.parallel as i32);
+        let mut batch = LlamaBatch::new(batch_size, parallel as i32);
         let mut run = Run {
             engine: self,
-            free_seqs: (0..opts.parallel as i32).rev().collect(),
+            free_seqs: (0..parallel as i32).rev().collect(),
             free_cells: cells,
             states: Vec::new(),
             running: Vec::new(),
         };
-        let mut pending: VecDeque<(usize, Job)> = jobs.into_iter().enumerate().collect();
+        let mut pending: VecDeque<(usize, Job)> = jobs.into();
         while !pending.is_empty() || !run.running.is_empty() {
             if interrupted.load(Ordering::Relaxed) {
                 return Err(CmplError::interrupted());
@@ -159,7 +101,7 @@ impl Engine {
                         "a request needs {} sequences and {} KV cells; the context has {} and {}",
                         job.request.n,
                         job.cells(),
-                        opts.parallel,
+                        parallel,
                         cells
                     )));
                 }
@@ -261,8 +203,6 @@ impl Run<'_> {
                 tokens: Vec::new(),
             });
         }
-        let prompt_part = (echo && job.request.logprobs.is_some())
-            .then(|| logprobs_part(&prompt_infos, job.request.logprobs));
         sink(Event::Started {
             job: index,
             prompt_tokens: n_prompt as u32,
@@ -274,7 +214,7 @@ impl Run<'_> {
         }
         self.states[index] = Some(JobState {
             running: n,
-            prompt_logprobs: prompt_part,
+            prompt: echo.then_some(prompt_infos),
             choices: vec![None; n as usize],
             completion_tokens: 0,
             job,
@@ -335,17 +275,14 @@ impl Run<'_> {
         c.generated += 1;
         let vocab = self.engine.model.vocab();
         let (text, finish) = if vocab.is_eog(token) {
-            (c.matcher.finish(), Some(FinishReason::Eos))
+            (c.matcher.finish(), Some(Finish::Eos))
         } else {
             let bytes = vocab.token_to_piece(token, false, None);
             let released = c.matcher.push(&bytes);
             if released.stopped {
-                (released.text, Some(FinishReason::Stop))
+                (released.text, Some(Finish::Stop))
             } else if c.generated >= budget {
-                (
-                    released.text + &c.matcher.finish(),
-                    Some(FinishReason::Length),
-                )
+                (released.text + &c.matcher.finish(), Some(Finish::Length))
             } else {
                 (released.text, None)
             }
@@ -375,12 +312,12 @@ impl Run<'_> {
         // Finished: free its sequence (shared prompt cells go with the last one).
         let _ = ctx.clear_kv_cache_seq(Some(c.seq as u32), None, None);
         self.free_seqs.push(c.seq);
-        state.choices[c.index as usize] = Some(Choice {
-            text: std::mem::take(&mut c.text),
+        state.choices[c.index as usize] = Some(ChoiceResult {
             index: c.index,
             seed: c.seed,
-            finish_reason: reason,
-            logprobs: logprobs.map(|_| logprobs_part(&c.tokens, logprobs)),
+            text: std::mem::take(&mut c.text),
+            finish: reason,
+            tokens: logprobs.map(|_| std::mem::take(&mut c.tokens)),
         });
         state.running -= 1;
         if state.running == 0 {
@@ -391,7 +328,7 @@ impl Run<'_> {
                     result: JobResult {
                         prompt_tokens: done.job.tokens.len() as u32,
                         completion_tokens: done.completion_tokens,
-                        prompt_logprobs: done.prompt_logprobs,
+                        prompt: done.prompt,
                         choices: done.choices.into_iter().flatten().collect(),
                     },
                 })?;
@@ -435,18 +372,4 @@ fn fill_logprobs(info: &mut TokenInfo, logits: &[f32], k: usize, piece: impl Fn(
         .into_iter()
         .map(|(id, lp)| (piece(id), lp))
         .collect();
-}
-
-fn logprobs_part(tokens: &[TokenInfo], logprobs: Option<u32>) -> LogprobsPart {
-    LogprobsPart {
-        tokens: tokens.iter().map(|t| t.text.clone()).collect(),
-        token_ids: tokens.iter().map(|t| t.id).collect(),
-        token_logprobs: tokens.iter().map(|t| t.logprob).collect(),
-        top_logprobs: logprobs.filter(|&k| k > 0).map(|_| {
-            tokens
-                .iter()
-                .map(|t| t.top.iter().cloned().collect())
-                .collect()
-        }),
-    }
 }

@@ -4,23 +4,29 @@
 use serde_json::Value;
 use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 
-/// The test model, from `scripts/fetch-model`. Tests fail (never skip) without it.
+/// The test model, from `scripts/fetch-model`, in the models folder that
+/// `cmpl --models-dir` names (its one definition). Tests fail (never skip)
+/// without it.
 pub fn model_path() -> PathBuf {
-    let dir = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .expect("HOME is not set");
-    let path = dir.join("cmpl/models/gemma-3-270m-q4_k_m.gguf");
-    assert!(
-        path.is_file(),
-        "the test model is missing at {}: run scripts/fetch-model (or scripts/test, which fetches it)",
-        path.display()
-    );
-    path
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let dir = cmpl(&["--models-dir"]).env_remove("CMPL_MODEL").run();
+        let path = PathBuf::from(dir.ok().trim_end()).join("gemma-3-270m-q4_k_m.gguf");
+        assert!(
+            path.is_file(),
+            "the test model is missing at {}: run scripts/fetch-model (or scripts/test, which fetches it)",
+            path.display()
+        );
+        path
+    })
+    .clone()
 }
 
+/// One cmpl process, started the way every test starts it: the test model
+/// as the default, no user config file, no NO_COLOR.
 pub struct Cmpl {
     cmd: Command,
     stdin: Option<Vec<u8>>,
@@ -28,14 +34,30 @@ pub struct Cmpl {
 
 pub fn cmpl(args: &[&str]) -> Cmpl {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_cmpl"));
-    // No user config file may leak into a test.
-    let no_config = std::env::temp_dir().join("cmpl-tests-no-config");
-    cmd.args(args)
-        .env("CMPL_MODEL", model_path())
-        .env("XDG_CONFIG_HOME", no_config)
+    cmd.args(args);
+    isolate(&mut cmd);
+    Cmpl { cmd, stdin: None }
+}
+
+/// cmpl under a pseudo-terminal (util-linux `script`), `args` as a shell
+/// would split them.
+pub fn cmpl_on_a_terminal(args: &str) -> Cmpl {
+    let mut cmd = Command::new("script");
+    let command = format!("{} {args}", env!("CARGO_BIN_EXE_cmpl"));
+    cmd.args(["-qec", &command, "/dev/null"]);
+    isolate(&mut cmd);
+    Cmpl { cmd, stdin: None }
+}
+
+fn isolate(cmd: &mut Command) {
+    // A config folder that does not exist: no user config leaks into a test.
+    cmd.env("XDG_CONFIG_HOME", "/nonexistent/cmpl-tests")
         .env_remove("CMPL_CONFIG")
         .env_remove("NO_COLOR");
-    Cmpl { cmd, stdin: None }
+    // Asking for the models folder is how the model is found in the first place.
+    if cmd.get_args().all(|a| a != "--models-dir") {
+        cmd.env("CMPL_MODEL", model_path());
+    }
 }
 
 pub struct Output {
@@ -58,6 +80,17 @@ impl Cmpl {
     pub fn env_remove(mut self, key: &str) -> Self {
         self.cmd.env_remove(key);
         self
+    }
+
+    /// Starts it with stdin closed and stdout and stderr piped, for tests
+    /// that read or signal it while it runs.
+    pub fn spawn(mut self) -> Child {
+        self.cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("cannot start cmpl")
     }
 
     pub fn run(mut self) -> Output {

@@ -1,0 +1,112 @@
+//! The seam between the faces and where completions come from. A backend
+//! takes validated requests and reports what happens to each as [`Event`]s;
+//! it knows nothing of terminals or JSON. The local llama.cpp engine is one;
+//! every face (one-shot, stream, batch) drives any backend the same way.
+
+use crate::error::{CmplError, Result};
+use crate::request::Request;
+use std::sync::atomic::AtomicBool;
+
+/// Where completions come from.
+pub trait Backend {
+    /// Runs `requests` to completion (job `i` is `requests[i]`), reporting to
+    /// `sink`. A request the backend cannot run is reported as
+    /// [`Event::Rejected`] and the others still run. Returns early with the
+    /// sink's error, or `Interrupted` as soon as `interrupted` is set.
+    fn run(
+        &self,
+        requests: Vec<Request>,
+        opts: &RunOptions,
+        interrupted: &AtomicBool,
+        sink: &mut Sink,
+    ) -> Result<()>;
+}
+
+pub type Sink<'s> = dyn FnMut(Event) -> Result<()> + 's;
+
+/// How to run a set of requests (the runtime flags that shape a run).
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Sequences decoded together; default: the backend's choice.
+    pub parallel: Option<u32>,
+    /// KV cache cells, shared by all sequences; default: sized to the requests.
+    pub ctx_size: Option<u32>,
+    /// Report each sampled token's logprob even when no request asks for
+    /// logprobs (stream chunks carry it).
+    pub token_logprobs: bool,
+}
+
+/// What a backend reports, in order, for each job.
+pub enum Event<'a> {
+    /// The job cannot run (a value this model refuses, a prompt too long).
+    Rejected { job: usize, error: CmplError },
+    /// The job's prompt was evaluated. `prompt` holds its tokens when echoed.
+    Started {
+        job: usize,
+        prompt_tokens: u32,
+        prompt: Option<&'a [TokenInfo]>,
+        /// Each choice's seed.
+        seeds: &'a [u32],
+    },
+    /// A choice produced a token. `text` is what became final with it (the
+    /// stop matcher may hold text back, or release several tokens' worth).
+    Token {
+        job: usize,
+        choice: u32,
+        seed: u32,
+        token: &'a TokenInfo,
+        text: &'a str,
+        /// Set on the choice's last token.
+        finish: Option<Finish>,
+        /// Tokens this choice has generated so far, this one included.
+        completion_tokens: u32,
+    },
+    /// Every choice of the job finished.
+    Done { job: usize, result: JobResult },
+}
+
+/// Why a choice ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// A stop sequence matched.
+    Stop,
+    /// The model produced its end-of-generation token.
+    Eos,
+    /// `max_tokens` or the context window was reached.
+    Length,
+}
+
+/// One token as the outputs show it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenInfo {
+    pub id: i32,
+    /// The token's text, special tokens written out (`<eos>`).
+    pub text: String,
+    /// Under the raw distribution; `None` when not computed or without context.
+    pub logprob: Option<f32>,
+    /// The most likely alternatives at this position, best first.
+    pub top: Vec<(String, f32)>,
+    pub special: bool,
+}
+
+/// A finished job.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobResult {
+    pub prompt_tokens: u32,
+    /// All choices together.
+    pub completion_tokens: u32,
+    /// With echo: the prompt's tokens (scored when logprobs were asked).
+    pub prompt: Option<Vec<TokenInfo>>,
+    pub choices: Vec<ChoiceResult>,
+}
+
+/// A finished choice.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChoiceResult {
+    pub index: u32,
+    pub seed: u32,
+    pub text: String,
+    pub finish: Finish,
+    /// With logprobs: every generated token, scored.
+    pub tokens: Option<Vec<TokenInfo>>,
+}

@@ -1,0 +1,82 @@
+//! One request: its text, one `CompletionResponse`, or a stream. The
+//! sibling of `batch` over the same parts.
+
+use crate::api::ResponseHeader;
+use crate::backend::{Event, RunOptions};
+use crate::config::Config;
+use crate::error::Result;
+use crate::input::{self, Input};
+use crate::options::Invocation;
+use crate::printer::{Format, Printer};
+use crate::request::{RawRequest, Request};
+use crate::signal::INTERRUPTED;
+use serde_json::Value;
+use std::io::IsTerminal;
+
+/// Runs the one request the command line makes. `json` turns true as soon
+/// as the answer is known to be JSON (a JSON request), errors included.
+pub fn run(inv: &Invocation, config: &Config, json: &mut bool) -> Result<()> {
+    let base = match input::read(&inv.input)? {
+        Input::Json {
+            text,
+            origin,
+            detected,
+        } => {
+            *json = true;
+            let mut raw = Input::parse_json(&text, &origin, detected)?;
+            // PROMPT over the request's prompt, as any flag over its field.
+            if let Some(prompt) = &inv.input.prompt {
+                raw.set("prompt", Value::String(prompt.clone()));
+            }
+            raw
+        }
+        Input::Text(prompt) => {
+            let mut raw = RawRequest::default();
+            raw.set("prompt", Value::String(prompt));
+            raw
+        }
+        Input::Nothing => RawRequest::default(),
+    };
+    let raw = config
+        .request
+        .clone()
+        .overlay(base)
+        .overlay(inv.flags.clone());
+    let request = Request::validate(&raw)?;
+    let model = crate::models::resolve(request.model.as_deref(), config.model.as_deref())?;
+    let header = ResponseHeader::new(&model.name);
+    let backend = crate::open::backend(model, &inv.runtime)?;
+
+    let format = match (*json, request.stream) {
+        (false, _) => Format::Text,
+        (true, false) => Format::Json,
+        (true, true) => Format::Sse,
+    };
+    let stdout = std::io::stdout();
+    let tty = stdout.is_terminal();
+    let color = inv.color.enabled(tty);
+    let mut printer = Printer::new(stdout.lock(), 0, format, header, &request, tty, color);
+    let opts = RunOptions {
+        parallel: None,
+        ctx_size: inv.runtime.ctx_size,
+        token_logprobs: format == Format::Sse,
+    };
+    let heat_map = color && format == Format::Text && request.logprobs.is_some() && request.n == 1;
+    let outcome = backend.run(vec![request], &opts, &INTERRUPTED, &mut |event| {
+        match event {
+            Event::Rejected { error, .. } => return Err(error),
+            Event::Started { .. } if heat_map => {
+                eprintln!("{}", crate::printer::heat_legend());
+            }
+            _ => {}
+        }
+        printer.event(event)
+    });
+    match outcome {
+        Ok(()) => printer.finish(),
+        Err(e) => {
+            printer.abort();
+            Err(e)
+        }
+    }
+}

@@ -1,0 +1,57 @@
+//! Opens the backend a run asks for: today the local llama.cpp engine on a
+//! model file, with a progress bar while stderr is a terminal.
+
+use crate::backend::Backend;
+use crate::engine::{Engine, LoadOptions};
+use crate::error::{CmplError, Result};
+use crate::models::ModelRef;
+use crate::options::Runtime;
+use crate::signal::INTERRUPTED;
+use std::io::IsTerminal;
+use std::sync::atomic::Ordering;
+
+/// The backend for `model`. It is never dropped: the process exits once its
+/// output is out, and the OS releases a model sooner than llama.cpp's
+/// destructors would.
+pub fn backend(model: ModelRef, runtime: &Runtime) -> Result<&'static dyn Backend> {
+    let opts = LoadOptions {
+        threads: runtime.threads,
+        n_gpu_layers: runtime.n_gpu_layers,
+        repack: runtime.repack,
+        verbose: runtime.verbose,
+    };
+    let bar = (std::io::stderr().is_terminal() && !runtime.verbose).then(|| {
+        let bar = indicatif::ProgressBar::with_draw_target(
+            Some(1000),
+            indicatif::ProgressDrawTarget::stderr(),
+        );
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("loading model {bar:30} {percent:>3}%")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar
+    });
+    let progress_bar = bar.clone();
+    let started = std::time::Instant::now();
+    let engine = Engine::load(model, &opts, move |p| {
+        if let Some(bar) = &progress_bar {
+            bar.set_position((p * 1000.0) as u64);
+        }
+        // Ctrl-C while loading: abandon the load.
+        !INTERRUPTED.load(Ordering::Relaxed)
+    });
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    if INTERRUPTED.load(Ordering::Relaxed) {
+        return Err(CmplError::interrupted());
+    }
+    let engine = engine?;
+    if runtime.verbose {
+        eprintln!(
+            "cmpl: model loaded in {:.3} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(Box::leak(Box::new(engine)))
+}

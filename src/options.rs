@@ -1,0 +1,73 @@
+//! What the command line asks for, resolved: the face (`cli`) builds these
+//! once from flags and the config file, and the rest of the program reads
+//! them without seeing clap.
+
+use crate::request::RawRequest;
+use std::path::PathBuf;
+
+/// What to do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    Version,
+    Generate(crate::generate::Kind),
+    ListModels,
+    ModelsDir,
+    /// One request: text, JSON or a stream.
+    Complete,
+    /// JSON Lines from FILE (stdin for `None` or `-`).
+    Batch(Option<PathBuf>),
+}
+
+/// Where the request comes from.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct InputSource {
+    /// The PROMPT argument.
+    pub prompt: Option<String>,
+    /// `--request FILE`: a JSON request.
+    pub request_file: Option<PathBuf>,
+    /// `--prompt-file FILE`: the prompt as text.
+    pub prompt_file: Option<PathBuf>,
+}
+
+/// Settings for loading and running the model (flags over the config file).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Runtime {
+    pub threads: Option<u32>,
+    pub n_gpu_layers: Option<u32>,
+    pub ctx_size: Option<u32>,
+    pub parallel: Option<u32>,
+    pub repack: bool,
+    pub verbose: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Color {
+    #[default]
+    Auto,
+    Always,
+    Never,
+}
+
+impl Color {
+    /// `auto` colours a terminal unless NO_COLOR is set.
+    pub fn enabled(self, tty: bool) -> bool {
+        match self {
+            Color::Always => true,
+            Color::Never => false,
+            Color::Auto => tty && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+        }
+    }
+}
+
+/// A command line, resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Invocation {
+    pub action: Action,
+    pub input: InputSource,
+    /// The request fields given as flags: the top layer.
+    pub flags: RawRequest,
+    pub runtime: Runtime,
+    /// Answer in the API's JSON (`--json`; a JSON request or batch is JSON anyway).
+    pub json: bool,
+    pub color: Color,
+}
