@@ -30,7 +30,8 @@ pub struct LogprobsPart {
 pub struct Choice {
     pub text: String,
     pub index: u32,
-    pub seed: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u32>,
     pub finish_reason: FinishReason,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<LogprobsPart>,
@@ -82,7 +83,8 @@ pub struct CompletionChunk {
     pub choices: Vec<ChunkChoice>,
     pub finish_reason: Option<FinishReason>,
     pub usage: Option<Usage>,
-    pub seed: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

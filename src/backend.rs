@@ -34,32 +34,35 @@ pub struct RunOptions {
     /// Report each sampled token's logprob even when no request asks for
     /// logprobs (stream chunks carry it).
     pub token_logprobs: bool,
+    /// Tokens are shown as they come (a stream, or a terminal): a remote
+    /// backend then streams from its server.
+    pub live: bool,
 }
 
 /// What a backend reports, in order, for each job.
 pub enum Event<'a> {
-    /// The job cannot run (a value this model refuses, a prompt too long).
+    /// The job failed: a value this backend refuses, a prompt too long, a
+    /// server's error. Nothing more comes for it.
     Rejected { job: usize, error: CmplError },
     /// The job's prompt was evaluated. `prompt` holds its tokens when echoed.
     Started {
         job: usize,
-        prompt_tokens: u32,
         prompt: Option<&'a [TokenInfo]>,
-        /// Each choice's seed.
-        seeds: &'a [u32],
+        /// Each choice's seed, where the backend knows it.
+        seeds: &'a [Option<u32>],
     },
     /// A choice produced a token. `text` is what became final with it (the
     /// stop matcher may hold text back, or release several tokens' worth).
     Token {
         job: usize,
         choice: u32,
-        seed: u32,
+        seed: Option<u32>,
         token: &'a TokenInfo,
         text: &'a str,
         /// Set on the choice's last token.
         finish: Option<Finish>,
-        /// Tokens this choice has generated so far, this one included.
-        completion_tokens: u32,
+        /// On the choice's last token: the prompt's tokens and the choice's own.
+        usage: Option<Counts>,
     },
     /// Every choice of the job finished.
     Done { job: usize, result: JobResult },
@@ -76,9 +79,17 @@ pub enum Finish {
     Length,
 }
 
+/// Tokens counted for usage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+}
+
 /// One token as the outputs show it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenInfo {
+    /// -1 where the backend does not know it.
     pub id: i32,
     /// The token's text, special tokens written out (`<eos>`).
     pub text: String,
@@ -104,7 +115,7 @@ pub struct JobResult {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChoiceResult {
     pub index: u32,
-    pub seed: u32,
+    pub seed: Option<u32>,
     pub text: String,
     pub finish: Finish,
     /// With logprobs: every generated token, scored.

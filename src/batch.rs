@@ -37,14 +37,14 @@ pub fn read_lines(file: Option<&Path>) -> Result<Vec<(usize, String)>> {
 /// Answers every line of `file`; returns whether all succeeded.
 pub fn run(inv: &Invocation, config: &Config, file: Option<&Path>) -> Result<bool> {
     let lines = read_lines(file)?;
-    let model = crate::models::resolve(
-        inv.flags.get("model").and_then(|m| m.as_str()),
-        config.model.as_deref(),
-    )?;
     if lines.is_empty() {
         return Ok(true);
     }
-    let backend = crate::open::backend(model.clone(), &inv.runtime)?;
+    let (backend, model) = crate::open::backend(
+        inv.flags.get("model").and_then(|m| m.as_str()),
+        config.model.as_deref(),
+        &inv.runtime,
+    )?;
     let created = std::env::var("SOURCE_DATE_EPOCH")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -60,9 +60,11 @@ pub fn run(inv: &Invocation, config: &Config, file: Option<&Path>) -> Result<boo
     let mut requests = Vec::new();
     let mut meta = Vec::new();
     for (i, (number, text)) in lines.iter().enumerate() {
-        let header = header(created, i, text, &model.name);
+        let mut header = header(created, i, text);
         match parse(&config.request, &inv.flags, text, &header) {
             Ok(request) => {
+                // The model as the line names it, else the run's.
+                header.model = request.model.clone().unwrap_or_else(|| model.clone());
                 meta.push((i, *number, header, request.clone()));
                 requests.push(request);
             }
@@ -78,6 +80,7 @@ pub fn run(inv: &Invocation, config: &Config, file: Option<&Path>) -> Result<boo
         parallel: inv.runtime.parallel,
         ctx_size: inv.runtime.ctx_size,
         token_logprobs: false,
+        live: false,
     };
     let progress = Progress::new(requests.len() as u64);
     let outcome = backend.run(requests, &opts, &INTERRUPTED, &mut |event| {
@@ -134,7 +137,7 @@ fn parse(
 
 /// A deterministic id per line: the same input and `created` give the same
 /// output file (set SOURCE_DATE_EPOCH to fix `created`).
-fn header(created: u64, index: usize, line: &str, model: &str) -> ResponseHeader {
+fn header(created: u64, index: usize, line: &str) -> ResponseHeader {
     use std::hash::{Hash, Hasher};
     let mut hashes = [0u64; 2];
     for (salt, h) in hashes.iter_mut().enumerate() {
@@ -145,7 +148,7 @@ fn header(created: u64, index: usize, line: &str, model: &str) -> ResponseHeader
     ResponseHeader {
         id: format!("cmpl-{:016x}{:016x}", hashes[0], hashes[1]),
         created,
-        model: model.to_string(),
+        model: String::new(),
     }
 }
 

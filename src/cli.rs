@@ -7,11 +7,13 @@ use crate::config::Config;
 use crate::error::{CmplError, Result};
 use crate::generate::Kind;
 use crate::options::{Action, Color, InputSource, Invocation, Runtime};
+use crate::remote::Endpoint;
 use crate::request::RawRequest;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{ArgAction, Parser};
 use serde_json::{json, Map, Value};
 use std::path::PathBuf;
+use std::time::Duration;
 
 const ABOUT: &str =
     "Text completions from a local GGUF model: the /completions API on your machine";
@@ -34,14 +36,17 @@ Exit status:
   In --batch mode: 0 when every line succeeded, 1 when any line failed.
 
 Environment:
-  CMPL_MODEL    model used when neither -m nor the request names one
-  CMPL_CONFIG   config file to read instead of the default one
-  NO_COLOR      disables colour (as --color never)
+  CMPL_MODEL     local model used when neither -m nor the request names one
+  CMPL_CONFIG    config file to read instead of the default one
+  CMPL_BASE_URL  a server to use, as --base-url
+  CMPL_API_KEY   the key sent to that server (never on the command line)
+  NO_COLOR       disables colour (as --color never)
 
 Examples:
   cmpl \"The capital of France is\" --max-tokens 16 --temperature 0
   echo '{\"prompt\":\"Once upon a time\",\"max_tokens\":32,\"n\":2}' | cmpl
-  cmpl --stream --json \"def fib(n):\" --stop $'\\n\\n'";
+  cmpl --stream --json \"def fib(n):\" --stop $'\\n\\n'
+  cmpl --base-url http://127.0.0.1:8080/v1 \"The capital of France is\"";
 
 #[derive(Parser, Debug, Default, Clone)]
 #[command(
@@ -181,6 +186,19 @@ pub struct Cli {
     #[arg(long, help_heading = "Runtime")]
     pub verbose: bool,
 
+    /// Send requests to a server's completions API at this root
+    /// (http://127.0.0.1:8080/v1) instead of running a local model [default: $CMPL_BASE_URL].
+    #[arg(long, value_name = "URL", help_heading = "Remote engine")]
+    pub base_url: Option<String>,
+
+    /// Seconds to wait for a connection to the server, 1..3600 [default: 10].
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=3600), help_heading = "Remote engine")]
+    pub connect_timeout: Option<u64>,
+
+    /// Seconds the server may stay silent once asked, 1..86400 [default: 600].
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=86400), help_heading = "Remote engine")]
+    pub read_timeout: Option<u64>,
+
     /// When to colour output.
     #[arg(
         long,
@@ -258,7 +276,19 @@ pub fn version_text() -> String {
 }
 
 /// The config file's runtime keys, each the flag of the same name.
-pub const CONFIG_RUNTIME_KEYS: &[&str] = &["threads", "n_gpu_layers", "ctx_size", "parallel"];
+pub const CONFIG_RUNTIME_KEYS: &[&str] = &[
+    "threads",
+    "n_gpu_layers",
+    "ctx_size",
+    "parallel",
+    "base_url",
+    "connect_timeout",
+    "read_timeout",
+];
+
+/// Defaults of the remote engine's timeouts, in seconds.
+const CONNECT_TIMEOUT: u64 = 10;
+const READ_TIMEOUT: u64 = 600;
 
 impl Cli {
     /// Resolves the flags, over `config`'s runtime settings, into what the
@@ -278,6 +308,43 @@ impl Cli {
         } else {
             Action::Complete
         };
+        let base_url = self
+            .base_url
+            .clone()
+            .or_else(|| {
+                std::env::var("CMPL_BASE_URL")
+                    .ok()
+                    .filter(|u| !u.is_empty())
+            })
+            .or(from_config.base_url);
+        if base_url.is_some() {
+            // A flag that would do nothing is an error, not a no-op.
+            let local_only = [
+                ("--threads", self.threads.is_some()),
+                ("--ctx-size", self.ctx_size.is_some()),
+                ("--n-gpu-layers", self.n_gpu_layers.is_some()),
+                ("--no-repack", self.no_repack),
+            ];
+            if let Some((flag, _)) = local_only.iter().find(|(_, given)| *given) {
+                return Err(CmplError::invalid(
+                    &flag.trim_start_matches('-').replace('-', "_"),
+                    format!("{flag} applies to a local model; with --base-url the server decides it: drop {flag}"),
+                ));
+            }
+        }
+        let remote = base_url.map(|base_url| Endpoint {
+            base_url,
+            connect_timeout: Duration::from_secs(
+                self.connect_timeout
+                    .or(from_config.connect_timeout)
+                    .unwrap_or(CONNECT_TIMEOUT),
+            ),
+            read_timeout: Duration::from_secs(
+                self.read_timeout
+                    .or(from_config.read_timeout)
+                    .unwrap_or(READ_TIMEOUT),
+            ),
+        });
         Ok(Invocation {
             flags: self.request_fields()?,
             input: InputSource {
@@ -292,6 +359,7 @@ impl Cli {
                 parallel: self.parallel.or(from_config.parallel),
                 repack: !self.no_repack,
                 verbose: self.verbose,
+                remote,
             },
             json: self.json || matches!(action, Action::Batch(_)),
             color: self.color,
@@ -371,10 +439,18 @@ impl Cli {
 fn runtime_from_config(config: &Config) -> Result<Cli> {
     let mut args = vec!["cmpl".to_string()];
     for (key, value) in &config.runtime {
-        let Value::Number(n) = value else {
-            return Err(config.bad_key(key, &format!("must be a whole number, not {value}")));
+        let text = match value {
+            Value::Number(n) => n.to_string(),
+            Value::String(s) if key == "base_url" => s.clone(),
+            Value::String(_) => {
+                return Err(config.bad_key(key, &format!("must be a whole number, not {value}")))
+            }
+            _ if key == "base_url" => {
+                return Err(config.bad_key(key, &format!("must be a URL string, not {value}")))
+            }
+            _ => return Err(config.bad_key(key, &format!("must be a whole number, not {value}"))),
         };
-        args.push(format!("--{}={n}", key.replace('_', "-")));
+        args.push(format!("--{}={text}", key.replace('_', "-")));
     }
     Cli::try_parse_from(&args).map_err(|e| config.bad_key(&clap_param(&e), &clap_message(&e)))
 }

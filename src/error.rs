@@ -12,6 +12,10 @@ pub enum ErrorKind {
     Model,
     /// The prompt (or the request as a whole) does not fit the context.
     ContextLength,
+    /// A remote server refused the API key (or none was given).
+    Auth,
+    /// A remote server cannot be reached, or failed.
+    Unavailable,
     /// Anything else: I/O, llama.cpp failures.
     Internal,
     /// SIGINT arrived while generating.
@@ -27,6 +31,8 @@ impl ErrorKind {
             ErrorKind::InvalidRequest => "invalid_request_error",
             ErrorKind::Model => "model_error",
             ErrorKind::ContextLength => "context_length_exceeded",
+            ErrorKind::Auth => "authentication_error",
+            ErrorKind::Unavailable => "server_error",
             ErrorKind::Internal => "internal_error",
             ErrorKind::Interrupted => "interrupted",
             ErrorKind::OutputClosed => "output_closed",

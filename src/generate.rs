@@ -107,16 +107,22 @@ const SECTIONS: &[(&str, &[&str])] = &[
     (
         "EXIT STATUS",
         &[
-            "0 success; 1 model or runtime error (missing or invalid model, context too small, I/O); 2 invalid \
-             request (a flag, field or value, or the config file); 130 interrupted by SIGINT. With --batch, 1 \
+            "0 success; 1 model or runtime error (missing or invalid model, context too small, I/O; a server \
+             that cannot be reached, refuses the key, or fails); 2 invalid request (a flag, field or value, or \
+             the config file; a request a server refuses with a 4xx); 130 interrupted by SIGINT. With --batch, 1 \
              when any line failed. A closed standard output (cmpl ... | head) ends the run quietly with 0.",
         ],
     ),
     (
         "ENVIRONMENT",
         &[
-            "CMPL_MODEL: the model when neither -m nor the request names one (before the config file's).",
+            "CMPL_MODEL: the local model when neither -m nor the request names one (before the config file's).",
             "CMPL_CONFIG: the config file to read instead of the default one.",
+            "CMPL_BASE_URL: a server's API root to send requests to, as --base-url (the flag wins; the config's \
+             base_url comes last).",
+            "CMPL_API_KEY: the key sent to that server as 'Authorization: Bearer'. It is never taken on the \
+             command line, printed or logged. Without it, TOGETHER_API_KEY is read for api.together.xyz and \
+             OPENAI_API_KEY for api.openai.com, and for no other host.",
             "NO_COLOR: when set and not empty, no colour (as --color never).",
             "SOURCE_DATE_EPOCH: with --batch, the 'created' time of every response, so that the same input \
              gives a byte-identical output file.",
@@ -126,8 +132,8 @@ const SECTIONS: &[(&str, &[&str])] = &[
         "FILES",
         &[
             "~/.config/cmpl/config.json: defaults, one JSON object. Keys: any request field under its own name \
-             (max_tokens, temperature, stop, ...) and model, threads, n_gpu_layers, ctx_size, parallel (each \
-             taking what its flag takes). A bad key or value is an error naming the file and the key (exit 2).",
+             (max_tokens, temperature, stop, ...) and model, threads, n_gpu_layers, ctx_size, parallel, \
+             base_url, connect_timeout, read_timeout (each taking what its flag takes). A bad key or value is an error naming the file and the key (exit 2).",
             "~/.cache/cmpl/models/ (~/Library/Caches/cmpl/models/ on macOS; cmpl --models-dir prints it): models \
              found by name (-m NAME finds NAME or NAME.gguf here), listed by --list-models; the default model is \
              gemma-3-270m-q4_k_m.gguf. (~/Library/Application Support/cmpl/ holds the config on macOS.)",
@@ -141,6 +147,7 @@ const SECTIONS: &[(&str, &[&str])] = &[
             "cmpl --stream --json \"def fib(n):\" --stop $'\\n\\n'",
             "cmpl --json \"The sky is\" --max-tokens 4 --logprobs 3 --echo",
             "cmpl --batch requests.jsonl > answers.jsonl",
+            "cmpl --base-url http://127.0.0.1:8080/v1 --stream \"Once upon a time\"",
         ],
     ),
 ];

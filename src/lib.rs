@@ -25,4 +25,5 @@ mod open;
 mod options;
 mod printer;
 mod random;
+mod remote;
 mod signal;

@@ -43,9 +43,12 @@ pub fn run(inv: &Invocation, config: &Config, json: &mut bool) -> Result<()> {
         .overlay(base)
         .overlay(inv.flags.clone());
     let request = Request::validate(&raw)?;
-    let model = crate::models::resolve(request.model.as_deref(), config.model.as_deref())?;
-    let header = ResponseHeader::new(&model.name);
-    let backend = crate::open::backend(model, &inv.runtime)?;
+    let (backend, model) = crate::open::backend(
+        request.model.as_deref(),
+        config.model.as_deref(),
+        &inv.runtime,
+    )?;
+    let header = ResponseHeader::new(&model);
 
     let format = match (*json, request.stream) {
         (false, _) => Format::Text,
@@ -60,6 +63,7 @@ pub fn run(inv: &Invocation, config: &Config, json: &mut bool) -> Result<()> {
         parallel: None,
         ctx_size: inv.runtime.ctx_size,
         token_logprobs: format == Format::Sse,
+        live: request.stream || (format == Format::Text && tty),
     };
     let heat_map = color && format == Format::Text && request.logprobs.is_some() && request.n == 1;
     let outcome = backend.run(vec![request], &opts, &INTERRUPTED, &mut |event| {

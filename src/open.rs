@@ -1,19 +1,38 @@
-//! Opens the backend a run asks for: today the local llama.cpp engine on a
-//! model file, with a progress bar while stderr is a terminal.
+//! Opens the backend a run asks for: a server's API (`--base-url`), or the
+//! local llama.cpp engine on a model file, loaded with a progress bar while
+//! stderr is a terminal.
 
 use crate::backend::Backend;
 use crate::engine::{Engine, LoadOptions};
 use crate::error::{CmplError, Result};
 use crate::models::ModelRef;
 use crate::options::Runtime;
+use crate::remote::Remote;
 use crate::signal::INTERRUPTED;
 use std::io::IsTerminal;
 use std::sync::atomic::Ordering;
 
-/// The backend for `model`. It is never dropped: the process exits once its
-/// output is out, and the OS releases a model sooner than llama.cpp's
+/// The backend for a run, and the name its responses carry in `model`:
+/// `named` is the model the request or -m names, `config_model` the config
+/// file's (a local fallback). It is never dropped: the process exits once
+/// its output is out, and the OS releases a model sooner than llama.cpp's
 /// destructors would.
-pub fn backend(model: ModelRef, runtime: &Runtime) -> Result<&'static dyn Backend> {
+pub fn backend(
+    named: Option<&str>,
+    config_model: Option<&str>,
+    runtime: &Runtime,
+) -> Result<(&'static dyn Backend, String)> {
+    if let Some(endpoint) = &runtime.remote {
+        let remote = Remote::connect(endpoint, named.map(str::to_string))?;
+        let name = remote.model().to_string();
+        return Ok((Box::leak(Box::new(remote)), name));
+    }
+    let model = crate::models::resolve(named, config_model)?;
+    let name = model.name.clone();
+    Ok((load(model, runtime)?, name))
+}
+
+fn load(model: ModelRef, runtime: &Runtime) -> Result<&'static dyn Backend> {
     let opts = LoadOptions {
         threads: runtime.threads,
         n_gpu_layers: runtime.n_gpu_layers,

@@ -38,6 +38,8 @@ pub struct Runtime {
     pub parallel: Option<u32>,
     pub repack: bool,
     pub verbose: bool,
+    /// A server to send requests to instead of loading a model.
+    pub remote: Option<crate::remote::Endpoint>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -31,7 +31,6 @@ pub struct Printer<W: Write> {
     live: bool,
     /// Add a final newline (a terminal).
     tty: bool,
-    prompt_tokens: u32,
     /// Text mode: whether the last byte written was a newline.
     at_line_start: bool,
     /// Text mode on a colour terminal: dim the echoed prompt, and colour
@@ -62,7 +61,6 @@ impl<W: Write> Printer<W> {
             logprobs: request.logprobs,
             live: tty || request.stream,
             tty,
-            prompt_tokens: 0,
             at_line_start: true,
             color,
             heat_map: color && request.logprobs.is_some() && request.n == 1,
@@ -82,33 +80,22 @@ impl<W: Write> Printer<W> {
             return Ok(());
         }
         match (self.format, event) {
-            (
-                _,
-                Event::Started {
-                    prompt_tokens,
-                    prompt,
-                    seeds,
-                    ..
-                },
-            ) => {
-                self.prompt_tokens = prompt_tokens;
-                match self.format {
-                    Format::Text if self.n == 1 && self.echo => {
-                        let prompt = self.prompt.clone();
-                        self.write_styled(&prompt, Style::Dim)?;
-                    }
-                    Format::Sse => {
-                        for (choice, &seed) in seeds.iter().enumerate() {
-                            for t in prompt.unwrap_or_default() {
-                                let chunk =
-                                    self.chunk(choice as u32, t, &piece_text(t), None, None, seed);
-                                self.write_sse(&chunk)?;
-                            }
+            (_, Event::Started { prompt, seeds, .. }) => match self.format {
+                Format::Text if self.n == 1 && self.echo => {
+                    let prompt = self.prompt.clone();
+                    self.write_styled(&prompt, Style::Dim)?;
+                }
+                Format::Sse => {
+                    for (choice, &seed) in seeds.iter().enumerate() {
+                        for t in prompt.unwrap_or_default() {
+                            let chunk =
+                                self.chunk(choice as u32, t, &piece_text(t), None, None, seed);
+                            self.write_sse(&chunk)?;
                         }
                     }
-                    _ => {}
                 }
-            }
+                _ => {}
+            },
             (Format::Text, Event::Token { text, token, .. }) if self.n == 1 => {
                 let style = match token.logprob {
                     Some(lp) if self.heat_map => Style::Heat(lp.exp()),
@@ -124,11 +111,11 @@ impl<W: Write> Printer<W> {
                     token,
                     text,
                     finish,
-                    completion_tokens,
+                    usage,
                     ..
                 },
             ) => {
-                let usage = finish.map(|_| Usage::new(self.prompt_tokens, completion_tokens));
+                let usage = usage.map(|u| Usage::new(u.prompt_tokens, u.completion_tokens));
                 let chunk = self.chunk(choice, token, text, finish.map(reason), usage, seed);
                 self.write_sse(&chunk)?;
             }
@@ -206,10 +193,10 @@ impl<W: Write> Printer<W> {
             if !self.at_line_start {
                 self.write_text("\n")?;
             }
+            let seed = c.seed.map_or_else(String::new, |s| format!("seed {s}, "));
             let header = format!(
-                "--- choice {} (seed {}, {}) ---\n",
+                "--- choice {} ({seed}{}) ---\n",
                 c.index,
-                c.seed,
                 finish_word(c.finish)
             );
             self.write_text(&header)?;
@@ -237,7 +224,7 @@ impl<W: Write> Printer<W> {
         text: &str,
         finish: Option<FinishReason>,
         usage: Option<Usage>,
-        seed: u32,
+        seed: Option<u32>,
     ) -> CompletionChunk {
         CompletionChunk {
             id: self.header.id.clone(),

@@ -5,7 +5,7 @@
 
 use super::logprobs::{log_sum_exp, top_k};
 use super::{sampler, Engine, Job};
-use crate::backend::{ChoiceResult, Event, Finish, JobResult, Sink, TokenInfo};
+use crate::backend::{ChoiceResult, Counts, Event, Finish, JobResult, Sink, TokenInfo};
 use crate::error::{CmplError, Result};
 use crate::stop::StopMatcher;
 use llama_cpp_2::context::params::LlamaContextParams;
@@ -205,9 +205,8 @@ impl Run<'_> {
         }
         sink(Event::Started {
             job: index,
-            prompt_tokens: n_prompt as u32,
             prompt: echo.then_some(prompt_infos.as_slice()),
-            seeds: &job.seeds,
+            seeds: &job.seeds.iter().map(|&s| Some(s)).collect::<Vec<_>>(),
         })?;
         if self.states.len() <= index {
             self.states.resize_with(index + 1, || None);
@@ -295,11 +294,14 @@ impl Run<'_> {
         sink(Event::Token {
             job: c.job,
             choice: c.index,
-            seed: c.seed,
+            seed: Some(c.seed),
             token: &info,
             text: &text,
             finish,
-            completion_tokens: c.generated,
+            usage: finish.map(|_| Counts {
+                prompt_tokens: state.job.tokens.len() as u32,
+                completion_tokens: c.generated,
+            }),
         })?;
         if logprobs.is_some() {
             c.tokens.push(info);
@@ -314,7 +316,7 @@ impl Run<'_> {
         self.free_seqs.push(c.seq);
         state.choices[c.index as usize] = Some(ChoiceResult {
             index: c.index,
-            seed: c.seed,
+            seed: Some(c.seed),
             text: std::mem::take(&mut c.text),
             finish: reason,
             tokens: logprobs.map(|_| std::mem::take(&mut c.tokens)),

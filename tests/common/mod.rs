@@ -3,3 +3,4 @@
 
 pub mod run;
 pub mod schema;
+pub mod server;

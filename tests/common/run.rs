@@ -54,6 +54,15 @@ fn isolate(cmd: &mut Command) {
     cmd.env("XDG_CONFIG_HOME", "/nonexistent/cmpl-tests")
         .env_remove("CMPL_CONFIG")
         .env_remove("NO_COLOR");
+    // Nor a server or a key from the environment.
+    for var in [
+        "CMPL_BASE_URL",
+        "CMPL_API_KEY",
+        "TOGETHER_API_KEY",
+        "OPENAI_API_KEY",
+    ] {
+        cmd.env_remove(var);
+    }
     // Asking for the models folder is how the model is found in the first place.
     if cmd.get_args().all(|a| a != "--models-dir") {
         cmd.env("CMPL_MODEL", model_path());
