@@ -24,6 +24,9 @@ complete -c cmpl -l parallel -d 'Sequences decoded together in --batch mode [def
 complete -c cmpl -s t -l threads -d 'CPU threads, 1..1024 [default: physical cores]' -r
 complete -c cmpl -s c -l ctx-size -d 'KV cache size in tokens, shared by all choices [default: sized to the request]' -r
 complete -c cmpl -l n-gpu-layers -d 'Layers to offload to the GPU (also -ngl) [default: all, when built with a GPU backend]' -r
+complete -c cmpl -l base-url -d 'Send requests to a server\'s completions API at this root (http://127.0.0.1:8080/v1) instead of running a local model [default: $CMPL_BASE_URL]' -r
+complete -c cmpl -l connect-timeout -d 'Seconds to wait for a connection to the server, 1..3600 [default: 10]' -r
+complete -c cmpl -l read-timeout -d 'Seconds the server may stay silent once asked, 1..86400 [default: 600]' -r
 complete -c cmpl -l color -d 'When to colour output' -r -f -a "auto\t''
 always\t''
 never\t''"

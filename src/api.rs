@@ -31,7 +31,7 @@ pub struct Choice {
     pub text: String,
     pub index: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub seed: Option<u32>,
+    pub seed: Option<u64>,
     pub finish_reason: FinishReason,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<LogprobsPart>,
@@ -84,7 +84,7 @@ pub struct CompletionChunk {
     pub finish_reason: Option<FinishReason>,
     pub usage: Option<Usage>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub seed: Option<u32>,
+    pub seed: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -49,14 +49,14 @@ pub enum Event<'a> {
         job: usize,
         prompt: Option<&'a [TokenInfo]>,
         /// Each choice's seed, where the backend knows it.
-        seeds: &'a [Option<u32>],
+        seeds: &'a [Option<u64>],
     },
     /// A choice produced a token. `text` is what became final with it (the
     /// stop matcher may hold text back, or release several tokens' worth).
     Token {
         job: usize,
         choice: u32,
-        seed: Option<u32>,
+        seed: Option<u64>,
         token: &'a TokenInfo,
         text: &'a str,
         /// Set on the choice's last token.
@@ -115,7 +115,7 @@ pub struct JobResult {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChoiceResult {
     pub index: u32,
-    pub seed: Option<u32>,
+    pub seed: Option<u64>,
     pub text: String,
     pub finish: Finish,
     /// With logprobs: every generated token, scored.

@@ -224,7 +224,7 @@ impl<W: Write> Printer<W> {
         text: &str,
         finish: Option<FinishReason>,
         usage: Option<Usage>,
-        seed: Option<u32>,
+        seed: Option<u64>,
     ) -> CompletionChunk {
         CompletionChunk {
             id: self.header.id.clone(),

@@ -35,11 +35,13 @@ fn json_and_stream_have_the_contract_shape() {
     let server = LlamaServer::start(&["-np", "2"]);
     let url = server.url();
     let mut args = greedy("The capital of France is");
-    args.extend(["--base-url", &url, "--json"]);
+    // A seed given is a seed reported (the server does not say its own).
+    args.extend(["--base-url", &url, "--json", "--seed", "7"]);
     let out = cmpl(&args).run();
     out.ok();
     let v = out.json();
     assert_valid("CompletionResponse", &v);
+    assert_eq!(v["choices"][0]["seed"], 7);
     let local = cmpl(&[&greedy("The capital of France is")[..], &["--json"]].concat()).run();
     let local = local.json();
     assert_eq!(v["choices"][0]["text"], local["choices"][0]["text"]);
@@ -86,6 +88,13 @@ fn json_and_stream_have_the_contract_shape() {
             .collect::<Vec<_>>()
     };
     assert_eq!(ids(&chunks), ids(&local_stream.sse()));
+
+    // The official SDK parses both, as it parses a local run's.
+    let mut lines = format!("response\t{}\n", v);
+    for c in &chunks {
+        lines += &format!("chunk\t{c}\n");
+    }
+    common::sdk::assert_sdk_parses(&lines);
 
     // n choices, each its own.
     let out = cmpl(
@@ -243,4 +252,39 @@ fn the_api_key_comes_from_the_environment_and_is_never_shown() {
         .ok()
         .starts_with(" the capital of the country of France."));
     assert!(!out.stderr.contains(key));
+}
+
+#[test]
+fn ctrl_c_mid_stream_exits_130_with_whole_events() {
+    use std::io::Read;
+    let server = LlamaServer::start(&["-np", "1"]);
+    let url = server.url();
+    let mut child = cmpl(&[
+        "1, 2, 3,",
+        "--max-tokens",
+        "2000",
+        "--temperature",
+        "0",
+        "--stream",
+        "--json",
+        "--base-url",
+        &url,
+    ])
+    .spawn();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = stdout.read(&mut buf).unwrap();
+    assert!(n > 0, "no output before the interrupt");
+    buf.truncate(n);
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    stdout.read_to_end(&mut buf).unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(130));
+    let out = String::from_utf8(buf).unwrap();
+    assert!(out.ends_with("\n\n"), "stops between events");
+    let events: Vec<&str> = out.split_terminator("\n\n").collect();
+    assert!(events.len() < 2000, "stopped early");
+    for e in events {
+        let data = e.strip_prefix("data: ").unwrap();
+        assert_valid("CompletionChunk", &serde_json::from_str(data).unwrap());
+    }
 }

@@ -206,7 +206,11 @@ impl Run<'_> {
         sink(Event::Started {
             job: index,
             prompt: echo.then_some(prompt_infos.as_slice()),
-            seeds: &job.seeds.iter().map(|&s| Some(s)).collect::<Vec<_>>(),
+            seeds: &job
+                .seeds
+                .iter()
+                .map(|&s| Some(u64::from(s)))
+                .collect::<Vec<_>>(),
         })?;
         if self.states.len() <= index {
             self.states.resize_with(index + 1, || None);
@@ -294,7 +298,7 @@ impl Run<'_> {
         sink(Event::Token {
             job: c.job,
             choice: c.index,
-            seed: Some(c.seed),
+            seed: Some(u64::from(c.seed)),
             token: &info,
             text: &text,
             finish,
@@ -316,7 +320,7 @@ impl Run<'_> {
         self.free_seqs.push(c.seq);
         state.choices[c.index as usize] = Some(ChoiceResult {
             index: c.index,
-            seed: Some(c.seed),
+            seed: Some(u64::from(c.seed)),
             text: std::mem::take(&mut c.text),
             finish: reason,
             tokens: logprobs.map(|_| std::mem::take(&mut c.tokens)),

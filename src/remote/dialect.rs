@@ -68,7 +68,7 @@ pub struct Delta {
     pub token: Option<TokenInfo>,
     pub finish: Option<Finish>,
     pub usage: Option<Counts>,
-    pub seed: Option<u32>,
+    pub seed: Option<u64>,
 }
 
 /// A whole answer.
@@ -85,7 +85,7 @@ pub struct AnswerChoice {
     pub text: String,
     pub finish: Finish,
     pub tokens: Option<Vec<TokenInfo>>,
-    pub seed: Option<u32>,
+    pub seed: Option<u64>,
 }
 
 impl Dialect {
@@ -218,7 +218,7 @@ impl Dialect {
                 token,
                 finish: finish(self, v.get("finish_reason"), None, r)?,
                 usage,
-                seed: v.get("seed").and_then(Value::as_u64).map(|s| s as u32),
+                seed: v.get("seed").and_then(Value::as_u64),
             });
             return Ok(out);
         }
@@ -290,7 +290,7 @@ impl Dialect {
                 finish: finish(self, c.get("finish_reason"), c.get("stop_reason"), r)?
                     .unwrap_or(Finish::Stop),
                 tokens,
-                seed: c.get("seed").and_then(Value::as_u64).map(|s| s as u32),
+                seed: c.get("seed").and_then(Value::as_u64),
             });
         }
         if *self == Dialect::Contract && r.echo {

@@ -402,12 +402,12 @@ impl Backend for Remote {
 enum Msg {
     Started {
         job: usize,
-        seeds: Vec<Option<u32>>,
+        seeds: Vec<Option<u64>>,
     },
     Token {
         job: usize,
         choice: u32,
-        seed: Option<u32>,
+        seed: Option<u64>,
         token: TokenInfo,
         text: String,
         finish: Option<crate::backend::Finish>,
@@ -436,7 +436,7 @@ struct Accumulator {
 
 #[derive(Default)]
 struct ChoiceAcc {
-    seed: Option<u32>,
+    seed: Option<u64>,
     /// Its own usage, where the server reports one per choice.
     usage: Option<Counts>,
     text: String,
@@ -454,7 +454,7 @@ impl Accumulator {
             request
                 .seed
                 .filter(|_| request.n == 1)
-                .map(|s| s.wrapping_add(i))
+                .map(|s| u64::from(s.wrapping_add(i)))
         };
         Accumulator {
             job,
@@ -621,7 +621,7 @@ impl Accumulator {
                 ),
             ));
         }
-        let mut seeds: Vec<Option<u32>> = self.choices.iter().map(|c| c.seed).collect();
+        let mut seeds: Vec<Option<u64>> = self.choices.iter().map(|c| c.seed).collect();
         for (s, c) in seeds.iter_mut().zip(&answer.choices) {
             if c.seed.is_some() {
                 *s = c.seed;

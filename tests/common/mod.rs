@@ -3,4 +3,6 @@
 
 pub mod run;
 pub mod schema;
+pub mod sdk;
 pub mod server;
+pub mod standin;

@@ -31,7 +31,7 @@ impl LlamaServer {
                 "-t",
                 "2",
                 "-c",
-                "4096",
+                "1024",
             ])
             .args([
                 "--no-webui",
@@ -39,6 +39,10 @@ impl LlamaServer {
                 "--no-warmup",
                 "--no-cache-prompt",
             ])
+            // The same KV layout as a local run: with its default sliding-window
+            // cache, llama-server's attention rounds differently for Gemma 3
+            // (logprobs a few hundredths apart, greedy text parting at token ~17).
+            .arg("--swa-full")
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -1,0 +1,46 @@
+//! The official Python SDK (`together`) as a parser of cmpl's output. Its
+//! Python comes from `scripts/test`, which installs the SDK in a venv.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+fn sdk_python() -> PathBuf {
+    let python = std::env::var_os("CMPL_SDK_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME"))
+                .join(".cache/cmpl-build/sdk-venv/bin/python")
+        });
+    assert!(
+        python.exists(),
+        "the SDK's Python is missing at {}: run scripts/test (it installs `together` in that venv)",
+        python.display()
+    );
+    python
+}
+
+/// Asserts that the SDK parses every line of `lines` (`response<TAB>JSON`
+/// or `chunk<TAB>JSON`), with tests/sdk_check.py.
+pub fn assert_sdk_parses(lines: &str) {
+    let mut child = Command::new(sdk_python())
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sdk_check.py"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(lines.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the SDK rejected cmpl's output:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
+}
