@@ -3,7 +3,7 @@
 //! reply, records what it was sent, and stops after its replies are used
 //! or when dropped. Bodies come from tests/data/remote/.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
