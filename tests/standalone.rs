@@ -26,7 +26,7 @@ fn nothing_names_a_folder_beside_the_repository() {
     let needles = [
         format!("{parent}shared"),
         ["shared", "/spec"].concat(),
-        ["openapi", ".yaml"].concat(),
+        ["completions.openapi", ".yaml"].concat(),
         ["NOTES", ".md"].concat(),
     ];
     let mut all = Vec::new();
