@@ -43,11 +43,25 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
             }
         }
         Action::Complete => crate::oneshot::run(&inv, &config, &mut json),
+        Action::Serve(opts) => serve(&inv, &config, opts),
     };
     match outcome {
         Ok(()) => 0,
         Err(e) => report(&e, json),
     }
+}
+
+/// Loads the model once and serves it until a signal.
+fn serve(
+    inv: &crate::options::Invocation,
+    config: &crate::config::Config,
+    opts: &crate::serve::ServeOptions,
+) -> crate::error::Result<()> {
+    let named = inv.flags.get("model").and_then(|m| m.as_str());
+    let model = crate::models::resolve(named, config.model.as_deref())?;
+    let name = model.name.clone();
+    let engine = crate::open::engine(model, &inv.runtime)?;
+    crate::serve::run(engine, name, config, opts)
 }
 
 fn models_dir() -> crate::error::Result<()> {

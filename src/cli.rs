@@ -9,6 +9,7 @@ use crate::generate::Kind;
 use crate::options::{Action, Color, InputSource, Invocation, Runtime};
 use crate::remote::Endpoint;
 use crate::request::RawRequest;
+use crate::serve::ServeOptions;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{ArgAction, Parser};
 use serde_json::{json, Map, Value};
@@ -186,6 +187,15 @@ pub struct Cli {
     #[arg(long, help_heading = "Runtime")]
     pub verbose: bool,
 
+    /// Serve the completions API over HTTP at ADDR (host:port, or a port on
+    /// 127.0.0.1) [default: 127.0.0.1:8337]; another address needs CMPL_API_KEY.
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = crate::serve::DEFAULT_ADDR, conflicts_with_all = ["prompt", "prompt_file", "request", "batch", "base_url"], help_heading = "Server")]
+    pub serve: Option<String>,
+
+    /// With --serve: answer a request naming another model with 404 (default: the served model answers it).
+    #[arg(long, requires = "serve", help_heading = "Server")]
+    pub strict_model: bool,
+
     /// Send requests to a server's completions API at this root
     /// (http://127.0.0.1:8080/v1) instead of running a local model [default: $CMPL_BASE_URL].
     #[arg(long, value_name = "URL", help_heading = "Remote engine")]
@@ -305,6 +315,13 @@ impl Cli {
             Action::ModelsDir
         } else if let Some(file) = &self.batch {
             Action::Batch(file.clone())
+        } else if let Some(addr) = &self.serve {
+            Action::Serve(ServeOptions {
+                addr: serve_addr(addr)?,
+                parallel: self.parallel.or(from_config.parallel).unwrap_or(4),
+                ctx_size: self.ctx_size.or(from_config.ctx_size),
+                strict_model: self.strict_model,
+            })
         } else {
             Action::Complete
         };
@@ -453,6 +470,24 @@ fn runtime_from_config(config: &Config) -> Result<Cli> {
         args.push(format!("--{}={text}", key.replace('_', "-")));
     }
     Cli::try_parse_from(&args).map_err(|e| config.bad_key(&clap_param(&e), &clap_message(&e)))
+}
+
+/// `--serve`'s address: `host:port`, `:port` or a bare port (on 127.0.0.1).
+fn serve_addr(text: &str) -> Result<std::net::SocketAddr> {
+    let text = text.trim();
+    let full = match text.parse::<u16>() {
+        Ok(port) => format!("127.0.0.1:{port}"),
+        Err(_) if text.starts_with(':') => format!("127.0.0.1{text}"),
+        Err(_) => text.to_string(),
+    };
+    full.parse().map_err(|_| {
+        CmplError::invalid(
+            "serve",
+            format!(
+                "--serve {text:?} is not an address; give host:port (127.0.0.1:8337) or a port"
+            ),
+        )
+    })
 }
 
 /// The first line of a clap error, without its `error: ` prefix.

@@ -22,6 +22,8 @@ pub enum ErrorKind {
     Interrupted,
     /// stdout was closed by the reader (`cmpl … | head`): stop quietly.
     OutputClosed,
+    /// A served request's client went away: that request ends, the rest go on.
+    Cancelled,
 }
 
 impl ErrorKind {
@@ -36,6 +38,7 @@ impl ErrorKind {
             ErrorKind::Internal => "internal_error",
             ErrorKind::Interrupted => "interrupted",
             ErrorKind::OutputClosed => "output_closed",
+            ErrorKind::Cancelled => "cancelled",
         }
     }
 

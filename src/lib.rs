@@ -26,4 +26,5 @@ mod options;
 mod printer;
 mod random;
 mod remote;
+mod serve;
 mod signal;

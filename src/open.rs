@@ -29,10 +29,11 @@ pub fn backend(
     }
     let model = crate::models::resolve(named, config_model)?;
     let name = model.name.clone();
-    Ok((load(model, runtime)?, name))
+    Ok((engine(model, runtime)?, name))
 }
 
-fn load(model: ModelRef, runtime: &Runtime) -> Result<&'static dyn Backend> {
+/// Loads the local engine on `model` (for a run, or for the server).
+pub fn engine(model: ModelRef, runtime: &Runtime) -> Result<&'static Engine> {
     let opts = LoadOptions {
         threads: runtime.threads,
         n_gpu_layers: runtime.n_gpu_layers,

@@ -16,6 +16,8 @@ pub enum Action {
     Complete,
     /// JSON Lines from FILE (stdin for `None` or `-`).
     Batch(Option<PathBuf>),
+    /// The API over HTTP.
+    Serve(crate::serve::ServeOptions),
 }
 
 /// Where the request comes from.

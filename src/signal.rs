@@ -1,5 +1,6 @@
-//! Ctrl-C: the first SIGINT asks generation to stop at the next token (so
-//! what was printed stays complete); a second one exits at once.
+//! Ctrl-C (and SIGTERM): the first signal asks generation to stop at the
+//! next token (so what was printed stays complete), or the server to stop
+//! taking requests; a second one exits at once.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -17,5 +18,6 @@ pub fn install() {
     // SAFETY: the handler only touches an atomic and calls _exit.
     unsafe {
         libc::signal(libc::SIGINT, handler as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, handler as libc::sighandler_t);
     }
 }

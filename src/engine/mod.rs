@@ -18,6 +18,7 @@ use crate::request::Request;
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
+use scheduler::Fed;
 use std::sync::atomic::AtomicBool;
 
 /// Sequences decoded together when `--parallel` is not given (fewer when
@@ -100,7 +101,68 @@ impl Backend for Engine {
         let slots = parallel.min(choices).max(widest);
         let cells = opts.ctx_size.unwrap_or_else(|| context_cells(&jobs, slots));
         self.check_memory(cells)?;
-        self.decode_all(jobs, slots, cells, interrupted, sink)
+        self.decode_all(
+            jobs,
+            &mut |_, _| Ok(Fed::Closed),
+            slots,
+            cells,
+            interrupted,
+            sink,
+        )
+    }
+}
+
+/// What the server hands the engine next.
+pub enum Arrival {
+    /// A request, and whether its stream reports each token's logprob.
+    Request(Request, bool),
+    /// None waiting.
+    Empty,
+    /// The server stopped taking requests.
+    Closed,
+}
+
+/// KV cells per slot when serving without --ctx-size.
+const SERVE_CELLS_PER_SLOT: u32 = 4096;
+
+impl Engine {
+    /// Serves requests as `next` hands them over (it waits for one only when
+    /// its flag says the engine is idle), numbering them 0, 1, 2… in arrival
+    /// order, in `parallel` slots over one context, until `next` closes and
+    /// every request is done. A request is admitted as slots free up, as in
+    /// `--batch`.
+    pub fn serve(
+        &self,
+        parallel: u32,
+        ctx_size: Option<u32>,
+        next: &mut dyn FnMut(bool) -> Arrival,
+        interrupted: &AtomicBool,
+        sink: &mut Sink,
+    ) -> Result<()> {
+        let cells = ctx_size.unwrap_or_else(|| {
+            parallel.saturating_mul(SERVE_CELLS_PER_SLOT.min(self.n_ctx_train()))
+        });
+        self.check_memory(cells)?;
+        let mut index = 0;
+        let mut feed = |wait: bool, sink: &mut Sink| loop {
+            let (request, token_logprobs) = match next(wait) {
+                Arrival::Request(r, t) => (r, t),
+                Arrival::Empty => return Ok(Fed::Empty),
+                Arrival::Closed => return Ok(Fed::Closed),
+            };
+            let job = index;
+            index += 1;
+            let opts = RunOptions {
+                ctx_size: Some(cells),
+                token_logprobs,
+                ..RunOptions::default()
+            };
+            match self.prepare(request, &opts) {
+                Ok(prepared) => return Ok(Fed::Job(job, Box::new(prepared))),
+                Err(error) => sink(Event::Rejected { job, error })?,
+            }
+        };
+        self.decode_all(Vec::new(), &mut feed, parallel, cells, interrupted, sink)
     }
 }
 

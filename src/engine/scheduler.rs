@@ -6,13 +6,13 @@
 use super::logprobs::{log_sum_exp, top_k};
 use super::{sampler, Engine, Job};
 use crate::backend::{ChoiceResult, Counts, Event, Finish, JobResult, Sink, TokenInfo};
-use crate::error::{CmplError, Result};
+use crate::error::{CmplError, ErrorKind, Result};
 use crate::stop::StopMatcher;
 use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -51,6 +51,7 @@ impl Engine {
     pub(super) fn decode_all(
         &self,
         jobs: Vec<(usize, Job)>,
+        feed: &mut Feed,
         parallel: u32,
         cells: u32,
         interrupted: &AtomicBool,
@@ -77,13 +78,26 @@ impl Engine {
             engine: self,
             free_seqs: (0..parallel as i32).rev().collect(),
             free_cells: cells,
-            states: Vec::new(),
+            states: HashMap::new(),
             running: Vec::new(),
         };
         let mut pending: VecDeque<(usize, Job)> = jobs.into();
-        while !pending.is_empty() || !run.running.is_empty() {
+        let mut open = true;
+        loop {
             if interrupted.load(Ordering::Relaxed) {
                 return Err(CmplError::interrupted());
+            }
+            // More jobs, as they arrive; waiting for one only when idle.
+            while open {
+                let idle = pending.is_empty() && run.running.is_empty();
+                match feed(idle, sink)? {
+                    Fed::Job(index, job) => pending.push_back((index, *job)),
+                    Fed::Empty => break,
+                    Fed::Closed => open = false,
+                }
+            }
+            if pending.is_empty() && run.running.is_empty() && !open {
+                return Ok(());
             }
             // Admit waiting jobs, in order, while their slots and cells are free.
             while let Some((_, job)) = pending.front() {
@@ -96,21 +110,41 @@ impl Engine {
                 run.admit(index, job, &mut ctx, &mut batch, interrupted, sink)?;
             }
             if run.running.is_empty() {
-                if let Some((_, job)) = pending.front() {
-                    return Err(CmplError::context(format!(
-                        "a request needs {} sequences and {} KV cells; the context has {} and {}",
+                // Nothing runs, so the first waiting job can never fit.
+                if let Some((index, job)) = pending.pop_front() {
+                    let error = CmplError::context(format!(
+                        "the request needs {} sequences and {} KV cells; the context has {} and {}: lower n or max_tokens, or raise --parallel or --ctx-size",
                         job.request.n,
                         job.cells(),
                         parallel,
                         cells
-                    )));
+                    ));
+                    sink(Event::Rejected { job: index, error })?;
                 }
                 continue;
             }
             run.step(&mut ctx, &mut batch, sink)?;
         }
-        Ok(())
     }
+}
+
+/// What the decode loop is fed between steps.
+pub(super) enum Fed {
+    Job(usize, Box<Job>),
+    /// None ready now.
+    Empty,
+    /// None will come.
+    Closed,
+}
+
+/// Gives the loop its next job; waits for one when the flag says the loop
+/// is idle. A job it cannot prepare it reports to the sink itself.
+pub(super) type Feed<'f> = dyn FnMut(bool, &mut Sink) -> Result<Fed> + 'f;
+
+/// Whether a sink's error is a client gone (that job ends) rather than a
+/// failure of the run.
+fn cancelled(outcome: &Result<()>) -> bool {
+    matches!(outcome, Err(e) if e.kind == ErrorKind::Cancelled)
 }
 
 /// The loop's state between steps.
@@ -118,7 +152,7 @@ struct Run<'e> {
     engine: &'e Engine,
     free_seqs: Vec<i32>,
     free_cells: u32,
-    states: Vec<Option<JobState>>,
+    states: HashMap<usize, JobState>,
     running: Vec<ChoiceState>,
 }
 
@@ -203,7 +237,7 @@ impl Run<'_> {
                 tokens: Vec::new(),
             });
         }
-        sink(Event::Started {
+        let started = sink(Event::Started {
             job: index,
             prompt: echo.then_some(prompt_infos.as_slice()),
             seeds: &job
@@ -211,21 +245,48 @@ impl Run<'_> {
                 .iter()
                 .map(|&s| Some(u64::from(s)))
                 .collect::<Vec<_>>(),
-        })?;
-        if self.states.len() <= index {
-            self.states.resize_with(index + 1, || None);
-        }
-        self.states[index] = Some(JobState {
-            running: n,
-            prompt: echo.then_some(prompt_infos),
-            choices: vec![None; n as usize],
-            completion_tokens: 0,
-            job,
         });
+        self.states.insert(
+            index,
+            JobState {
+                running: n,
+                prompt: echo.then_some(prompt_infos),
+                choices: vec![None; n as usize],
+                completion_tokens: 0,
+                job,
+            },
+        );
+        if cancelled(&started) {
+            self.running.extend(choices);
+            self.cancel(index, ctx);
+            return Ok(());
+        }
+        started?;
         for choice in choices {
+            if !self.states.contains_key(&index) {
+                // Cancelled by its first token: free what was never run.
+                let _ = ctx.clear_kv_cache_seq(Some(choice.seq as u32), None, None);
+                self.free_seqs.push(choice.seq);
+                continue;
+            }
             self.advance(choice, ctx, last_idx, sink)?;
         }
         Ok(())
+    }
+
+    /// Ends `job` early (its client is gone): its sequences and cells are freed.
+    fn cancel(&mut self, job: usize, ctx: &mut LlamaContext) {
+        let (gone, kept): (Vec<ChoiceState>, Vec<ChoiceState>) = std::mem::take(&mut self.running)
+            .into_iter()
+            .partition(|c| c.job == job);
+        self.running = kept;
+        for c in gone {
+            let _ = ctx.clear_kv_cache_seq(Some(c.seq as u32), None, None);
+            self.free_seqs.push(c.seq);
+        }
+        if let Some(state) = self.states.remove(&job) {
+            self.free_cells += state.job.cells();
+        }
     }
 
     /// Decodes every running choice's pending token in one batch, then
@@ -245,6 +306,12 @@ impl Run<'_> {
         decode(ctx, batch)?;
         let running = std::mem::take(&mut self.running);
         for (i, mut c) in running.into_iter().enumerate() {
+            if !self.states.contains_key(&c.job) {
+                // Its job was cancelled earlier in this step.
+                let _ = ctx.clear_kv_cache_seq(Some(c.seq as u32), None, None);
+                self.free_seqs.push(c.seq);
+                continue;
+            }
             c.pos += 1;
             self.advance(c, ctx, i as i32, sink)?;
         }
@@ -260,8 +327,9 @@ impl Run<'_> {
         idx: i32,
         sink: &mut Sink,
     ) -> Result<()> {
-        let state = self.states[c.job]
-            .as_mut()
+        let state = self
+            .states
+            .get_mut(&c.job)
             .ok_or_else(|| CmplError::internal("choice without a job"))?;
         let request = &state.job.request;
         let logprobs = request.logprobs;
@@ -291,11 +359,12 @@ impl Run<'_> {
             }
         };
         c.text.push_str(&text);
-        let state = self.states[c.job]
-            .as_mut()
+        let state = self
+            .states
+            .get_mut(&c.job)
             .ok_or_else(|| CmplError::internal("choice without a job"))?;
         state.completion_tokens += 1;
-        sink(Event::Token {
+        let told = sink(Event::Token {
             job: c.job,
             choice: c.index,
             seed: Some(u64::from(c.seed)),
@@ -306,7 +375,14 @@ impl Run<'_> {
                 prompt_tokens: state.job.tokens.len() as u32,
                 completion_tokens: c.generated,
             }),
-        })?;
+        });
+        if cancelled(&told) {
+            let _ = ctx.clear_kv_cache_seq(Some(c.seq as u32), None, None);
+            self.free_seqs.push(c.seq);
+            self.cancel(c.job, ctx);
+            return Ok(());
+        }
+        told?;
         if logprobs.is_some() {
             c.tokens.push(info);
         }
@@ -327,9 +403,9 @@ impl Run<'_> {
         });
         state.running -= 1;
         if state.running == 0 {
-            if let Some(done) = self.states[c.job].take() {
+            if let Some(done) = self.states.remove(&c.job) {
                 self.free_cells += done.job.cells();
-                sink(Event::Done {
+                let told = sink(Event::Done {
                     job: c.job,
                     result: JobResult {
                         prompt_tokens: done.job.tokens.len() as u32,
@@ -337,7 +413,10 @@ impl Run<'_> {
                         prompt: done.prompt,
                         choices: done.choices.into_iter().flatten().collect(),
                     },
-                })?;
+                });
+                if !cancelled(&told) {
+                    told?;
+                }
             }
         }
         Ok(())

@@ -1,0 +1,189 @@
+//! The decode loop's thread: requests arrive from the HTTP side as the
+//! engine asks for them, and each one's events print, through the same
+//! printer as the command line, into its own HTTP body. A request whose
+//! client has gone is cancelled, and its slots freed.
+
+use super::body::Out;
+use super::InFlight;
+use crate::api::ResponseHeader;
+use crate::backend::Event;
+use crate::engine::{Arrival, Engine};
+use crate::error::{CmplError, ErrorKind, Result};
+use crate::printer::{Format, Printer};
+use crate::request::Request;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc;
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// One request, handed from the HTTP side.
+pub struct Submission {
+    /// Validated, its `model` cleared: the served model answers it.
+    pub request: Request,
+    /// The name its response carries (the one it asked for, or the served one).
+    pub model: String,
+    pub path: String,
+    pub tx: UnboundedSender<Out>,
+    pub _slot: InFlight,
+}
+
+/// A request being answered.
+struct Client {
+    printer: Printer<Channel>,
+    tx: UnboundedSender<Out>,
+    path: String,
+    started: Instant,
+    tokens: u32,
+    _slot: InFlight,
+}
+
+/// The printer's output: buffered, and sent to the connection on flush (the
+/// printer flushes after every stream event and at the end).
+struct Channel {
+    tx: UnboundedSender<Out>,
+    buf: Vec<u8>,
+}
+
+impl Write for Channel {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let bytes = bytes::Bytes::from(std::mem::take(&mut self.buf));
+        self.tx
+            .send(Out::Bytes(bytes))
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::BrokenPipe))
+    }
+}
+
+/// Serves what arrives on `submissions` until it closes and all are answered.
+pub fn run(
+    engine: &Engine,
+    parallel: u32,
+    ctx_size: Option<u32>,
+    submissions: mpsc::Receiver<Submission>,
+) -> Result<()> {
+    let clients: RefCell<HashMap<usize, Client>> = RefCell::new(HashMap::new());
+    let mut index = 0usize;
+    let mut next = |wait: bool| {
+        let submission = if wait {
+            match submissions.recv() {
+                Ok(s) => s,
+                Err(_) => return Arrival::Closed,
+            }
+        } else {
+            match submissions.try_recv() {
+                Ok(s) => s,
+                Err(mpsc::TryRecvError::Empty) => return Arrival::Empty,
+                Err(mpsc::TryRecvError::Disconnected) => return Arrival::Closed,
+            }
+        };
+        let stream = submission.request.stream;
+        let format = if stream { Format::Sse } else { Format::Json };
+        let channel = Channel {
+            tx: submission.tx.clone(),
+            buf: Vec::new(),
+        };
+        let header = ResponseHeader::new(&submission.model);
+        let printer = Printer::new(
+            channel,
+            index,
+            format,
+            header,
+            &submission.request,
+            false,
+            false,
+        );
+        clients.borrow_mut().insert(
+            index,
+            Client {
+                printer,
+                tx: submission.tx,
+                path: submission.path,
+                started: Instant::now(),
+                tokens: 0,
+                _slot: submission._slot,
+            },
+        );
+        index += 1;
+        Arrival::Request(submission.request, stream)
+    };
+    let mut sink = |event: Event| -> Result<()> {
+        let job = match &event {
+            Event::Rejected { job, .. }
+            | Event::Started { job, .. }
+            | Event::Token { job, .. }
+            | Event::Done { job, .. } => *job,
+        };
+        let mut clients = clients.borrow_mut();
+        let Some(client) = clients.get_mut(&job) else {
+            return Ok(());
+        };
+        if client.tx.is_closed() {
+            log(clients.remove(&job), 499);
+            return Err(cancelled());
+        }
+        match event {
+            Event::Rejected { error, .. } => {
+                let status = super::status_of(&error).as_u16();
+                let _ = client.tx.send(Out::Error(error));
+                log(clients.remove(&job), status);
+                Ok(())
+            }
+            Event::Done { .. } => {
+                let printed = client
+                    .printer
+                    .event(event)
+                    .and_then(|()| client.printer.finish());
+                let client = clients.remove(&job);
+                match printed {
+                    Ok(()) => {
+                        log(client, 200);
+                        Ok(())
+                    }
+                    Err(_) => {
+                        log(client, 499);
+                        Err(cancelled())
+                    }
+                }
+            }
+            other => {
+                if let Event::Token { usage: Some(u), .. } = &other {
+                    client.tokens += u.completion_tokens;
+                }
+                client.printer.event(other).map_err(|_| {
+                    log(clients.remove(&job), 499);
+                    cancelled()
+                })
+            }
+        }
+    };
+    // Ctrl-C stops the server by closing `submissions`; requests in flight
+    // finish (a second signal exits at once).
+    let never = AtomicBool::new(false);
+    engine.serve(parallel, ctx_size, &mut next, &never, &mut sink)
+}
+
+fn cancelled() -> CmplError {
+    CmplError::new(ErrorKind::Cancelled, "the client went away")
+}
+
+/// One short line per completion: method, path, status, tokens, time.
+fn log(client: Option<Client>, status: u16) {
+    if let Some(c) = client {
+        eprintln!(
+            "cmpl: POST {} {status} {} tokens {:.3} s",
+            c.path,
+            c.tokens,
+            c.started.elapsed().as_secs_f64()
+        );
+    }
+}
