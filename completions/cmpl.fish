@@ -24,6 +24,7 @@ complete -c cmpl -l parallel -d 'Sequences decoded together in --batch mode [def
 complete -c cmpl -s t -l threads -d 'CPU threads, 1..1024 [default: physical cores]' -r
 complete -c cmpl -s c -l ctx-size -d 'KV cache size in tokens, shared by all choices [default: sized to the request]' -r
 complete -c cmpl -l n-gpu-layers -d 'Layers to offload to the GPU (also -ngl) [default: all, when built with a GPU backend]' -r
+complete -c cmpl -l serve -d 'Serve the completions API over HTTP at ADDR (host:port, or a port on 127.0.0.1) [default: 127.0.0.1:8337]; another address needs CMPL_API_KEY' -r
 complete -c cmpl -l base-url -d 'Send requests to a server\'s completions API at this root (http://127.0.0.1:8080/v1) instead of running a local model [default: $CMPL_BASE_URL]' -r
 complete -c cmpl -l connect-timeout -d 'Seconds to wait for a connection to the server, 1..3600 [default: 10]' -r
 complete -c cmpl -l read-timeout -d 'Seconds the server may stay silent once asked, 1..86400 [default: 600]' -r
@@ -39,6 +40,7 @@ complete-elvish\t''"
 complete -c cmpl -l json -d 'Print the API\'s JSON: one CompletionResponse, or SSE chunks with --stream'
 complete -c cmpl -l no-repack -d 'Keep the weights as stored instead of repacking some into CPU-friendly layouts at load (as llama.cpp\'s --no-repack): less memory and a faster load, slower prompts and batches'
 complete -c cmpl -l verbose -d 'Show llama.cpp\'s own log, and how long the model took to load, on stderr'
+complete -c cmpl -l strict-model -d 'With --serve: answer a request naming another model with 404 (default: the served model answers it)'
 complete -c cmpl -l list-models -d 'List the models in the models folder with size, architecture and parameters'
 complete -c cmpl -l models-dir -d 'Print the models folder: where -m NAME looks, and where the default model goes'
 complete -c cmpl -s V -l version -d 'Print the version and the GPU backends compiled in'

@@ -122,7 +122,9 @@ const SECTIONS: &[(&str, &[&str])] = &[
              base_url comes last).",
             "CMPL_API_KEY: the key sent to that server as 'Authorization: Bearer'. It is never taken on the \
              command line, printed or logged. Without it, TOGETHER_API_KEY is read for api.together.xyz and \
-             OPENAI_API_KEY for api.openai.com, and for no other host.",
+             OPENAI_API_KEY for api.openai.com, and for no other host. With --serve, the key clients must send \
+             (required to serve on an address other than loopback).",
+            "CMPL_API_KEY_FILE: with --serve, a file whose first line is that key, when CMPL_API_KEY is unset.",
             "NO_COLOR: when set and not empty, no colour (as --color never).",
             "SOURCE_DATE_EPOCH: with --batch, the 'created' time of every response, so that the same input \
              gives a byte-identical output file.",
@@ -148,6 +150,7 @@ const SECTIONS: &[(&str, &[&str])] = &[
             "cmpl --json \"The sky is\" --max-tokens 4 --logprobs 3 --echo",
             "cmpl --batch requests.jsonl > answers.jsonl",
             "cmpl --base-url http://127.0.0.1:8080/v1 --stream \"Once upon a time\"",
+            "cmpl --serve    (then point an SDK at http://127.0.0.1:8337/v1)",
         ],
     ),
 ];

@@ -4,5 +4,6 @@
 pub mod run;
 pub mod schema;
 pub mod sdk;
+pub mod served;
 pub mod server;
 pub mod standin;

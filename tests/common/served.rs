@@ -1,0 +1,103 @@
+//! `cmpl --serve` on 127.0.0.1 for the server tests: started through the
+//! harness (the test model, no user config), on a port it picks; stopped
+//! when dropped, on failure too.
+
+use super::run::cmpl;
+use std::io::{BufRead, BufReader};
+use std::process::Child;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub struct Served {
+    pub child: Child,
+    pub port: u16,
+    /// Its stderr so far (one line per request).
+    pub log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Served {
+    /// `cmpl --serve 127.0.0.1:0` with `extra` flags and `env`.
+    pub fn start(extra: &[&str], env: &[(&str, &str)]) -> Served {
+        let mut args = vec!["--serve", "127.0.0.1:0", "-t", "2"];
+        args.extend(extra);
+        let mut c = cmpl(&args);
+        for (k, v) in env {
+            c = c.env(k, v);
+        }
+        let mut child = c.spawn();
+        let stderr = child.stderr.take().expect("stderr");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let lines = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("http://127.0.0.1:").nth(1) {
+                    let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                    let _ = tx.send(port.parse::<u16>().ok());
+                }
+                lines.lock().unwrap().push(line);
+            }
+        });
+        let port = rx
+            .recv_timeout(Duration::from_secs(60))
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| panic!("cmpl --serve did not start: {:?}", log.lock().unwrap()));
+        Served { child, port, log }
+    }
+
+    /// The API root, as --base-url and the OpenAI SDK take it.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/v1", self.port)
+    }
+
+    pub fn root(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// POSTs `body` to /v1/completions: status and body text.
+    pub fn post(&self, body: &str) -> (u16, String) {
+        self.send("POST", "/v1/completions", body, None)
+    }
+
+    pub fn send(&self, method: &str, path: &str, body: &str, key: Option<&str>) -> (u16, String) {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(120)))
+            .build()
+            .into();
+        let url = format!("{}{path}", self.root());
+        let mut req = agent.post(&url);
+        if method == "GET" {
+            let mut get = agent.get(&url);
+            if let Some(k) = key {
+                get = get.header("Authorization", format!("Bearer {k}"));
+            }
+            let mut r = get.call().expect("request");
+            return (r.status().as_u16(), r.body_mut().read_to_string().unwrap());
+        }
+        if method != "POST" {
+            req = agent.put(&url);
+        }
+        if let Some(k) = key {
+            req = req.header("Authorization", format!("Bearer {k}"));
+        }
+        let mut r = req.send(body).expect("request");
+        let status = r.status().as_u16();
+        (
+            status,
+            r.body_mut()
+                .with_config()
+                .limit(64 << 20)
+                .read_to_string()
+                .unwrap(),
+        )
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,292 @@
+//! `cmpl --serve`: the API on 127.0.0.1, answered by the test model, read by
+//! real clients (the official SDKs, cmpl --base-url, plain HTTP).
+
+mod common;
+use common::run::cmpl;
+use common::schema::assert_valid;
+use common::served::Served;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+
+const FRANCE: &str = "The capital of France is";
+
+/// The response without what differs per run.
+fn stable(mut v: Value) -> Value {
+    for key in ["id", "created"] {
+        v.as_object_mut().unwrap().remove(key);
+    }
+    v
+}
+
+#[test]
+fn answers_exactly_what_the_command_line_prints() {
+    let server = Served::start(&[], &[]);
+    for prompt in [FRANCE, "def fibonacci(n):"] {
+        let request = json!({"prompt": prompt, "max_tokens": 12, "temperature": 0, "seed": 4, "logprobs": 2, "echo": true});
+        let (status, body) = server.post(&request.to_string());
+        assert_eq!(status, 200, "{body}");
+        let served: Value = serde_json::from_str(&body).unwrap();
+        assert_valid("CompletionResponse", &served);
+        let local = cmpl(&["--json"]).stdin(request.to_string()).run();
+        assert_eq!(stable(served), stable(local.json()), "prompt {prompt:?}");
+    }
+    // A stream: the same events as --stream --json.
+    let request =
+        json!({"prompt": FRANCE, "max_tokens": 6, "temperature": 0, "seed": 4, "stream": true});
+    let (status, body) = server.post(&request.to_string());
+    assert_eq!(status, 200);
+    let local = cmpl(&["--json"]).stdin(request.to_string()).run();
+    let events = |text: &str| -> Vec<Value> {
+        text.split_terminator("\n\n")
+            .map(|e| e.strip_prefix("data: ").unwrap())
+            .filter(|d| *d != "[DONE]")
+            .map(|d| stable(serde_json::from_str(d).unwrap()))
+            .collect()
+    };
+    assert!(body.ends_with("data: [DONE]\n\n"));
+    for e in body.split_terminator("\n\n") {
+        let data = e.strip_prefix("data: ").unwrap();
+        if data != "[DONE]" {
+            assert_valid("CompletionChunk", &serde_json::from_str(data).unwrap());
+        }
+    }
+    assert_eq!(events(&body), events(&local.stdout));
+    // And through the remote backend, the loop closes.
+    let remote = cmpl(&[
+        FRANCE,
+        "--max-tokens",
+        "24",
+        "--temperature",
+        "0",
+        "--base-url",
+        &server.url(),
+    ])
+    .run();
+    let local = cmpl(&[FRANCE, "--max-tokens", "24", "--temperature", "0"]).run();
+    assert_eq!(remote.ok(), local.ok());
+    // One short log line per request.
+    let log = server.log.lock().unwrap().join("\n");
+    assert!(log.contains("POST /v1/completions 200 12 tokens"), "{log}");
+}
+
+#[test]
+fn the_official_sdks_run_unchanged() {
+    let server = Served::start(&[], &[]);
+    let python =
+        std::env::var_os("CMPL_SDK_PYTHON").expect("CMPL_SDK_PYTHON (scripts/test sets it)");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sdk_server.py");
+    let out = std::process::Command::new(python)
+        .arg(script)
+        .args([&server.root(), "gemma-3-270m-q4_k_m.gguf"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
+}
+
+#[test]
+fn concurrent_clients_each_get_their_own_answer() {
+    let server = Served::start(&["--parallel", "8"], &[]);
+    let server = &server;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..32)
+            .map(|i| {
+                s.spawn(move || {
+                    let prompt = format!("Question {i}: what is {i} + {i}?");
+                    let stream = i % 2 == 0;
+                    let request = json!({"prompt": prompt, "max_tokens": 8, "echo": true, "stream": stream, "seed": i});
+                    let (status, body) = server.post(&request.to_string());
+                    assert_eq!(status, 200, "{body}");
+                    if stream {
+                        let chunks: Vec<Value> = body
+                            .split_terminator("\n\n")
+                            .map(|e| e.strip_prefix("data: ").unwrap())
+                            .filter(|d| *d != "[DONE]")
+                            .map(|d| serde_json::from_str(d).unwrap())
+                            .collect();
+                        let last = chunks.last().unwrap();
+                        assert_eq!(last["usage"]["completion_tokens"].as_u64().unwrap(), 8);
+                        assert!(chunks.iter().all(|c| c["seed"] == i), "its own seed");
+                    } else {
+                        let v: Value = serde_json::from_str(&body).unwrap();
+                        assert_valid("CompletionResponse", &v);
+                        assert_eq!(v["prompt"][0]["text"], prompt, "its own prompt");
+                        assert_eq!(v["choices"][0]["seed"], i);
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+    });
+}
+
+#[test]
+fn a_client_that_leaves_frees_its_slot() {
+    use std::io::{Read, Write};
+    let server = Served::start(&["--parallel", "1"], &[]);
+    let body = json!({"prompt": "1, 2, 3,", "max_tokens": 4000, "temperature": 0, "stream": true})
+        .to_string();
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    write!(
+        conn,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut first = [0u8; 256];
+    assert!(conn.read(&mut first).unwrap() > 0, "the stream started");
+    drop(conn);
+    // The only slot is free again: a request that needs it is answered.
+    let started = std::time::Instant::now();
+    let (status, text) = server.post(&json!({"prompt": "Hi", "max_tokens": 2}).to_string());
+    assert_eq!(status, 200, "{text}");
+    assert!(started.elapsed().as_secs() < 30, "not after 4000 tokens");
+    let log = server.log.lock().unwrap().join("\n");
+    assert!(
+        log.contains(" 499 "),
+        "the cancelled request is logged: {log}"
+    );
+}
+
+#[test]
+fn bad_requests_get_the_apis_statuses_and_the_server_goes_on() {
+    let server = Served::start(&[], &[]);
+    let cases: &[(&str, &str, &str, u16, &str)] = &[
+        ("POST", "/v1/completions", "{\"prompt\": ", 400, "request"),
+        (
+            "POST",
+            "/v1/completions",
+            "{\"prompt\": \"hi\", \"n\": \"two\"}",
+            400,
+            "n",
+        ),
+        (
+            "POST",
+            "/v1/completions",
+            "{\"prompt\": \"hi\", \"bogus\": 1}",
+            400,
+            "bogus",
+        ),
+        ("POST", "/v1/nothing", "{}", 404, "path"),
+        ("PUT", "/v1/completions", "{}", 405, "method"),
+        // More choices than the server's slots: it can never run.
+        (
+            "POST",
+            "/v1/completions",
+            "{\"prompt\": \"hi\", \"n\": 100}",
+            400,
+            "-",
+        ),
+    ];
+    for (method, path, body, status, param) in cases {
+        let (got, text) = server.send(method, path, body, None);
+        assert_eq!(got, *status, "{method} {path} {body}: {text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_valid("ErrorData", &v);
+        let want = if *param == "-" {
+            Value::Null
+        } else {
+            json!(param)
+        };
+        assert_eq!(v["error"]["param"], want, "{text}");
+    }
+    // A body over the limit: 413, whatever the client does with the rest.
+    {
+        use std::io::{Read, Write};
+        let mut conn = std::net::TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+        let len = 9 << 20;
+        let _ = write!(
+            conn,
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len}\r\n\r\n"
+        );
+        let chunk = vec![b'a'; 1 << 16];
+        for _ in 0..(len / chunk.len()) {
+            if conn.write_all(&chunk).is_err() {
+                break;
+            }
+        }
+        let mut answer = String::new();
+        let _ = conn.read_to_string(&mut answer);
+        assert!(answer.starts_with("HTTP/1.1 413"), "{answer:.200}");
+    }
+    let (status, text) = server.send("GET", "/v1/models", "", None);
+    assert_eq!(status, 200);
+    let models: Value = serde_json::from_str(&text).unwrap();
+    assert!(models["data"][0]["id"]
+        .as_str()
+        .unwrap()
+        .ends_with("gemma-3-270m-q4_k_m.gguf"));
+    assert_eq!(
+        server
+            .post(&json!({"prompt": "Hi", "max_tokens": 1}).to_string())
+            .0,
+        200
+    );
+}
+
+#[test]
+fn keys_and_addresses() {
+    // Another address without a key: refused, and why.
+    let out = cmpl(&["--serve", "0.0.0.0:0"]).run();
+    out.fails(2, "needs an API key");
+    let server = Served::start(&[], &[("CMPL_API_KEY", "sk-serve")]);
+    let body = json!({"prompt": "Hi", "max_tokens": 1}).to_string();
+    for key in [None, Some("wrong")] {
+        let (status, text) = server.send("POST", "/v1/completions", &body, key);
+        assert_eq!(status, 401, "{text}");
+        assert_valid("ErrorData", &serde_json::from_str(&text).unwrap());
+    }
+    assert_eq!(
+        server
+            .send("POST", "/v1/completions", &body, Some("sk-serve"))
+            .0,
+        200
+    );
+    assert_eq!(
+        server.send("GET", "/health", "", None).0,
+        200,
+        "health needs no key"
+    );
+    // With --strict-model, another model's name is a 404.
+    let strict = Served::start(&["--strict-model"], &[]);
+    let (status, text) = strict.post(&json!({"prompt": "Hi", "model": "other"}).to_string());
+    assert_eq!(status, 404, "{text}");
+}
+
+#[test]
+fn sigterm_finishes_the_streams_in_flight() {
+    let mut server = Served::start(&[], &[]);
+    let url = server.url();
+    let client = std::thread::spawn(move || {
+        cmpl(&[
+            "1, 2, 3,",
+            "--max-tokens",
+            "40",
+            "--temperature",
+            "0",
+            "--stream",
+            "--json",
+            "--base-url",
+            &url,
+        ])
+        .run()
+    });
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
+    let out = client.join().unwrap();
+    out.ok();
+    let chunks = out.sse();
+    assert_eq!(
+        chunks.last().unwrap()["usage"]["completion_tokens"],
+        40,
+        "finished, not cut"
+    );
+    assert_eq!(server.child.wait().unwrap().code(), Some(0));
+}
