@@ -68,6 +68,18 @@ pub enum Event<'a> {
     Done { job: usize, result: JobResult },
 }
 
+impl Event<'_> {
+    /// The job the event is about.
+    pub fn job(&self) -> usize {
+        match self {
+            Event::Rejected { job, .. }
+            | Event::Started { job, .. }
+            | Event::Token { job, .. }
+            | Event::Done { job, .. } => *job,
+        }
+    }
+}
+
 /// Why a choice ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Finish {

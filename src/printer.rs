@@ -70,13 +70,7 @@ impl<W: Write> Printer<W> {
     /// Prints what `event` adds to the output. A rejection is the caller's
     /// to report.
     pub fn event(&mut self, event: Event) -> Result<()> {
-        let job = match &event {
-            Event::Rejected { job, .. }
-            | Event::Started { job, .. }
-            | Event::Token { job, .. }
-            | Event::Done { job, .. } => *job,
-        };
-        if job != self.job {
+        if event.job() != self.job {
             return Ok(());
         }
         match (self.format, event) {

@@ -256,10 +256,9 @@ fn the_api_key_comes_from_the_environment_and_is_never_shown() {
 
 #[test]
 fn ctrl_c_mid_stream_exits_130_with_whole_events() {
-    use std::io::Read;
     let server = LlamaServer::start(&["-np", "1"]);
     let url = server.url();
-    let mut child = cmpl(&[
+    let (code, out) = common::run::interrupt(&[
         "1, 2, 3,",
         "--max-tokens",
         "2000",
@@ -269,22 +268,7 @@ fn ctrl_c_mid_stream_exits_130_with_whole_events() {
         "--json",
         "--base-url",
         &url,
-    ])
-    .spawn();
-    let mut stdout = child.stdout.take().unwrap();
-    let mut buf = vec![0u8; 4096];
-    let n = stdout.read(&mut buf).unwrap();
-    assert!(n > 0, "no output before the interrupt");
-    buf.truncate(n);
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    stdout.read_to_end(&mut buf).unwrap();
-    assert_eq!(child.wait().unwrap().code(), Some(130));
-    let out = String::from_utf8(buf).unwrap();
-    assert!(out.ends_with("\n\n"), "stops between events");
-    let events: Vec<&str> = out.split_terminator("\n\n").collect();
-    assert!(events.len() < 2000, "stopped early");
-    for e in events {
-        let data = e.strip_prefix("data: ").unwrap();
-        assert_valid("CompletionChunk", &serde_json::from_str(data).unwrap());
-    }
+    ]);
+    assert_eq!(code, Some(130));
+    assert!(common::schema::whole_events(&out) < 2000, "stopped early");
 }

@@ -93,12 +93,33 @@ fn the_official_sdks_run_unchanged() {
 fn concurrent_clients_each_get_their_own_answer() {
     let server = Served::start(&["--parallel", "8"], &[]);
     let server = &server;
+    // The greedy half follows its single runs as batch lines do.
+    let greedy = |i: usize| {
+        json!({"prompt": format!("Question {}: what is {} + {}?", i % 8, i % 8, i % 8),
+               "max_tokens": 8, "temperature": 0, "logprobs": 5})
+    };
+    let alone: Vec<Value> = (0..8)
+        .map(|i| {
+            cmpl(&["--request", "-"])
+                .stdin(greedy(i).to_string())
+                .run()
+                .json()
+        })
+        .collect();
+    let alone = &alone;
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..32)
             .map(|i| {
                 s.spawn(move || {
                     let prompt = format!("Question {i}: what is {i} + {i}?");
                     let stream = i % 2 == 0;
+                    if i % 4 == 1 {
+                        let (status, body) = server.post(&greedy(i).to_string());
+                        assert_eq!(status, 200, "{body}");
+                        let v: Value = serde_json::from_str(&body).unwrap();
+                        common::schema::follows_single_run(&v, &alone[i % 8]);
+                        return;
+                    }
                     let request = json!({"prompt": prompt, "max_tokens": 8, "echo": true, "stream": stream, "seed": i});
                     let (status, body) = server.post(&request.to_string());
                     assert_eq!(status, 200, "{body}");

@@ -117,12 +117,7 @@ pub fn run(
         Arrival::Request(submission.request, stream)
     };
     let mut sink = |event: Event| -> Result<()> {
-        let job = match &event {
-            Event::Rejected { job, .. }
-            | Event::Started { job, .. }
-            | Event::Token { job, .. }
-            | Event::Done { job, .. } => *job,
-        };
+        let job = event.job();
         let mut clients = clients.borrow_mut();
         let Some(client) = clients.get_mut(&job) else {
             return Ok(());

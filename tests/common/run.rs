@@ -69,6 +69,22 @@ fn isolate(cmd: &mut Command) {
     }
 }
 
+/// Starts a long generation, waits for its first output, sends SIGINT;
+/// returns the exit status and all it printed.
+pub fn interrupt(args: &[&str]) -> (Option<i32>, String) {
+    use std::io::Read;
+    let mut child = cmpl(args).spawn();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = stdout.read(&mut buf).unwrap();
+    assert!(n > 0, "no output before the interrupt");
+    buf.truncate(n);
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    stdout.read_to_end(&mut buf).unwrap();
+    let status = child.wait().unwrap();
+    (status.code(), String::from_utf8(buf).unwrap())
+}
+
 pub struct Output {
     pub code: i32,
     pub stdout: String,

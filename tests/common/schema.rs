@@ -41,6 +41,56 @@ pub fn violations(name: &str, value: &Value) -> Vec<String> {
         .collect()
 }
 
+/// How far a batched token's logprob may be from the single run's. llama.cpp's
+/// kernels for several sequences round differently from those for one, and it
+/// requantizes activations to 8 bits, where a last-bit difference can move a
+/// value a whole step: measured here up to 0.34 (median 0.008). A sequence
+/// that read another's cache would be off by whole nats.
+const ROUNDING: f64 = 0.5;
+
+/// Asserts that a greedy answer decoded beside others (`batched`, with
+/// logprobs) has the same tokens as its single run (`alone`) up to a
+/// near-tie, with logprobs that differ only by rounding: it saw no other
+/// sequence's tokens.
+pub fn follows_single_run(batched: &Value, alone: &Value) {
+    let (b, a) = (
+        &batched["choices"][0]["logprobs"],
+        &alone["choices"][0]["logprobs"],
+    );
+    let lp = |v: &Value, i: usize| v["token_logprobs"][i].as_f64().unwrap();
+    let ids = |v: &Value| v["token_ids"].as_array().unwrap().clone();
+    for (i, (tb, ta)) in ids(b).iter().zip(ids(a).iter()).enumerate() {
+        if tb != ta {
+            let theirs = &a["top_logprobs"][i][b["tokens"][i].as_str().unwrap()];
+            let gap = lp(a, i) - theirs.as_f64().unwrap_or(f64::NEG_INFINITY);
+            assert!(gap < ROUNDING, "token {i} of {a}: not a near-tie ({gap})");
+            return;
+        }
+        assert!(
+            (lp(b, i) - lp(a, i)).abs() < ROUNDING,
+            "token {i}: {b} vs {a}"
+        );
+    }
+}
+
+/// Asserts that a (possibly interrupted) stream ends between events and
+/// that each event is a valid chunk; returns how many there were.
+pub fn whole_events(out: &str) -> usize {
+    assert!(
+        out.ends_with("\n\n"),
+        "stops between events: {:?}",
+        &out[out.len().saturating_sub(80)..]
+    );
+    let events: Vec<&str> = out.split_terminator("\n\n").collect();
+    for e in &events {
+        let data = e.strip_prefix("data: ").expect("an SSE data line");
+        if data != "[DONE]" {
+            assert_valid("CompletionChunk", &serde_json::from_str(data).unwrap());
+        }
+    }
+    events.len()
+}
+
 /// Panics with every violation listed and the value pretty-printed.
 pub fn assert_valid(name: &str, value: &Value) {
     let errors = violations(name, value);

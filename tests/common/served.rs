@@ -20,7 +20,9 @@ impl Served {
     pub fn start(extra: &[&str], env: &[(&str, &str)]) -> Served {
         let mut args = vec!["--serve", "127.0.0.1:0", "-t", "2"];
         args.extend(extra);
-        let mut c = cmpl(&args);
+        // Its OpenMP threads sleep when idle instead of spinning, so that two
+        // test servers and their clients on two cores do not starve each other.
+        let mut c = cmpl(&args).env("OMP_WAIT_POLICY", "PASSIVE");
         for (k, v) in env {
             c = c.env(k, v);
         }
@@ -63,7 +65,7 @@ impl Served {
     pub fn send(&self, method: &str, path: &str, body: &str, key: Option<&str>) -> (u16, String) {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(120)))
+            .timeout_global(Some(Duration::from_secs(600)))
             .build()
             .into();
         let url = format!("{}{path}", self.root());
