@@ -40,7 +40,8 @@ Environment:
   CMPL_MODEL     local model used when neither -m nor the request names one
   CMPL_CONFIG    config file to read instead of the default one
   CMPL_BASE_URL  a server to use, as --base-url
-  CMPL_API_KEY   the key sent to that server (never on the command line)
+  CMPL_API_KEY   the key sent to that server (never on the command line);
+                 with --serve, the key clients must send
   NO_COLOR       disables colour (as --color never)
 
 Examples:
