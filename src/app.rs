@@ -23,7 +23,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
         Ok(inv) => inv,
         Err(e) => return report(&e, json),
     };
-    let mut json = inv.json || inv.input.request_file.is_some();
+    let mut json = inv.json;
     let outcome = match &inv.action {
         Action::Version => {
             println!("{}", cli::version_text());
@@ -58,9 +58,7 @@ fn serve(
     opts: &crate::serve::ServeOptions,
 ) -> crate::error::Result<()> {
     let named = inv.flags.get("model").and_then(|m| m.as_str());
-    let model = crate::models::resolve(named, config.model.as_deref())?;
-    let name = model.name.clone();
-    let engine = crate::open::engine(model, &inv.runtime)?;
+    let (engine, name) = crate::open::local(named, config.model.as_deref(), &inv.runtime)?;
     crate::serve::run(engine, name, config, opts)
 }
 

@@ -56,7 +56,8 @@ pub fn run(inv: &Invocation, config: &Config, file: Option<&Path>) -> Result<boo
         ready: BTreeMap::new(),
         failed: false,
     };
-    // Per line: its number, its response header, and its request once valid.
+    // Per valid line: its index and number, its response header, its prompt
+    // if echoed, and its logprobs (what its response needs of the request).
     let mut requests = Vec::new();
     let mut meta = Vec::new();
     for (i, (number, text)) in lines.iter().enumerate() {
@@ -65,7 +66,8 @@ pub fn run(inv: &Invocation, config: &Config, file: Option<&Path>) -> Result<boo
             Ok(request) => {
                 // The model as the line names it, else the run's.
                 header.model = request.model.clone().unwrap_or_else(|| model.clone());
-                meta.push((i, *number, header, request.clone()));
+                let echoed = request.echo.then(|| request.prompt.clone());
+                meta.push((i, *number, header, echoed, request.logprobs));
                 requests.push(request);
             }
             Err(e) => out.fail(i, *number, e),
@@ -93,12 +95,12 @@ pub fn run(inv: &Invocation, config: &Config, file: Option<&Path>) -> Result<boo
                 progress.done();
             }
             Event::Done { job, result } => {
-                let (line, _, header, request) = &meta[job];
+                let (line, _, header, echoed, logprobs) = &meta[job];
                 let response = crate::printer::response(
                     header,
-                    &request.prompt,
-                    request.echo,
-                    request.logprobs,
+                    echoed.as_deref().unwrap_or_default(),
+                    echoed.is_some(),
+                    *logprobs,
                     result,
                 );
                 let text = serde_json::to_string(&response).map_err(std::io::Error::from)?;

@@ -363,6 +363,8 @@ impl Cli {
                     .unwrap_or(READ_TIMEOUT),
             ),
         });
+        // A JSON request or a batch is answered in JSON, errors included.
+        let json = self.json || self.request.is_some() || matches!(action, Action::Batch(_));
         Ok(Invocation {
             flags: self.request_fields()?,
             input: InputSource {
@@ -379,7 +381,7 @@ impl Cli {
                 verbose: self.verbose,
                 remote,
             },
-            json: self.json || matches!(action, Action::Batch(_)),
+            json,
             color: self.color,
             action,
         })
@@ -457,17 +459,14 @@ impl Cli {
 fn runtime_from_config(config: &Config) -> Result<Cli> {
     let mut args = vec!["cmpl".to_string()];
     for (key, value) in &config.runtime {
-        let text = match value {
-            Value::Number(n) => n.to_string(),
-            Value::String(s) if key == "base_url" => s.clone(),
-            Value::String(_) => {
-                return Err(config.bad_key(key, &format!("must be a whole number, not {value}")))
-            }
-            _ if key == "base_url" => {
-                return Err(config.bad_key(key, &format!("must be a URL string, not {value}")))
-            }
-            _ => return Err(config.bad_key(key, &format!("must be a whole number, not {value}"))),
+        let must = match (value, key.as_str()) {
+            (Value::Number(n), _) => Ok(n.to_string()),
+            (Value::String(s), "base_url") => Ok(s.clone()),
+            (_, "base_url") => Err("a URL string"),
+            _ => Err("a whole number"),
         };
+        let text =
+            must.map_err(|what| config.bad_key(key, &format!("must be {what}, not {value}")))?;
         args.push(format!("--{}={text}", key.replace('_', "-")));
     }
     Cli::try_parse_from(&args).map_err(|e| config.bad_key(&clap_param(&e), &clap_message(&e)))

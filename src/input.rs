@@ -55,7 +55,7 @@ pub fn read(source: &InputSource) -> Result<Input> {
     }))
 }
 
-pub fn looks_like_json(text: &str) -> bool {
+fn looks_like_json(text: &str) -> bool {
     text.trim_start().starts_with('{')
 }
 

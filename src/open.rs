@@ -27,13 +27,23 @@ pub fn backend(
         let name = remote.model().to_string();
         return Ok((Box::leak(Box::new(remote)), name));
     }
-    let model = crate::models::resolve(named, config_model)?;
-    let name = model.name.clone();
-    Ok((engine(model, runtime)?, name))
+    let (engine, name) = local(named, config_model, runtime)?;
+    Ok((engine, name))
 }
 
-/// Loads the local engine on `model` (for a run, or for the server).
-pub fn engine(model: ModelRef, runtime: &Runtime) -> Result<&'static Engine> {
+/// The local engine on the model `named` (else the environment's, the
+/// config's, the default), and that model's name: for a run, or the server.
+pub fn local(
+    named: Option<&str>,
+    config_model: Option<&str>,
+    runtime: &Runtime,
+) -> Result<(&'static Engine, String)> {
+    let model = crate::models::resolve(named, config_model)?;
+    let name = model.name.clone();
+    Ok((load(model, runtime)?, name))
+}
+
+fn load(model: ModelRef, runtime: &Runtime) -> Result<&'static Engine> {
     let opts = LoadOptions {
         threads: runtime.threads,
         n_gpu_layers: runtime.n_gpu_layers,

@@ -265,8 +265,7 @@ impl Run<'_> {
         for choice in choices {
             if !self.states.contains_key(&index) {
                 // Cancelled by its first token: free what was never run.
-                let _ = ctx.clear_kv_cache_seq(Some(choice.seq as u32), None, None);
-                self.free_seqs.push(choice.seq);
+                release(&mut self.free_seqs, choice.seq, ctx);
                 continue;
             }
             self.advance(choice, ctx, last_idx, sink)?;
@@ -281,8 +280,7 @@ impl Run<'_> {
             .partition(|c| c.job == job);
         self.running = kept;
         for c in gone {
-            let _ = ctx.clear_kv_cache_seq(Some(c.seq as u32), None, None);
-            self.free_seqs.push(c.seq);
+            release(&mut self.free_seqs, c.seq, ctx);
         }
         if let Some(state) = self.states.remove(&job) {
             self.free_cells += state.job.cells();
@@ -308,8 +306,7 @@ impl Run<'_> {
         for (i, mut c) in running.into_iter().enumerate() {
             if !self.states.contains_key(&c.job) {
                 // Its job was cancelled earlier in this step.
-                let _ = ctx.clear_kv_cache_seq(Some(c.seq as u32), None, None);
-                self.free_seqs.push(c.seq);
+                release(&mut self.free_seqs, c.seq, ctx);
                 continue;
             }
             c.pos += 1;
@@ -377,8 +374,7 @@ impl Run<'_> {
             }),
         });
         if cancelled(&told) {
-            let _ = ctx.clear_kv_cache_seq(Some(c.seq as u32), None, None);
-            self.free_seqs.push(c.seq);
+            release(&mut self.free_seqs, c.seq, ctx);
             self.cancel(c.job, ctx);
             return Ok(());
         }
@@ -391,9 +387,8 @@ impl Run<'_> {
             self.running.push(c);
             return Ok(());
         };
-        // Finished: free its sequence (shared prompt cells go with the last one).
-        let _ = ctx.clear_kv_cache_seq(Some(c.seq as u32), None, None);
-        self.free_seqs.push(c.seq);
+        // Finished: free its sequence.
+        release(&mut self.free_seqs, c.seq, ctx);
         state.choices[c.index as usize] = Some(ChoiceResult {
             index: c.index,
             seed: Some(u64::from(c.seed)),
@@ -442,6 +437,13 @@ impl Run<'_> {
             .token_to_piece(LlamaToken(id), true, None);
         String::from_utf8_lossy(&bytes).into_owned()
     }
+}
+
+/// Frees a sequence: its cells in the cache (shared prompt cells go with the
+/// last sequence that holds them) and its slot.
+fn release(free_seqs: &mut Vec<i32>, seq: i32, ctx: &mut LlamaContext) {
+    let _ = ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
+    free_seqs.push(seq);
 }
 
 fn decode(ctx: &mut LlamaContext, batch: &mut LlamaBatch) -> Result<()> {

@@ -110,6 +110,8 @@ impl Dialect {
     /// the request (an invalid request: nothing is sent).
     pub fn body(&self, r: &Request, model: &str, opts: &RunOptions, stream: bool) -> Result<Value> {
         let s = &r.sampling;
+        // Streams carry each token's logprob even when the request asks none.
+        let want_logprobs = r.logprobs.or(opts.token_logprobs.then_some(0));
         let mut b = Map::new();
         b.insert("model".into(), json!(r.model.as_deref().unwrap_or(model)));
         b.insert("prompt".into(), json!(r.prompt));
@@ -161,8 +163,7 @@ impl Dialect {
                     b.insert("repeat_last_n".into(), json!(n_ctx));
                 }
                 // Per-token entries (with token ids) come only with n_probs >= 1.
-                let want = r.logprobs.or(opts.token_logprobs.then_some(0));
-                if let Some(k) = want {
+                if let Some(k) = want_logprobs {
                     b.insert("logprobs".into(), json!(k.max(1)));
                 }
             }
@@ -179,8 +180,7 @@ impl Dialect {
                 if r.echo {
                     b.insert("echo".into(), json!(true));
                 }
-                let want = r.logprobs.or(opts.token_logprobs.then_some(0));
-                if let Some(k) = want {
+                if let Some(k) = want_logprobs {
                     b.insert("logprobs".into(), json!(k));
                 }
                 if stream && *self == Dialect::Vllm {

@@ -140,44 +140,50 @@ impl Client {
     }
 
     fn get(&self, url: &str) -> Result<ureq::http::Response<ureq::Body>> {
-        let mut request = self.agent.get(url);
-        if let Some(key) = &self.key {
-            request = request.header("Authorization", format!("Bearer {}", key.value));
+        self.authorized(self.agent.get(url))
+            .call()
+            .map_err(|e| self.transport_error(e))
+    }
+
+    /// `request` with the key, when there is one.
+    fn authorized<B>(&self, request: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
+        match &self.key {
+            Some(key) => request.header("Authorization", format!("Bearer {}", key.value)),
+            None => request,
         }
-        request.call().map_err(|e| self.transport_error(e))
+    }
+
+    fn completions_url(&self) -> String {
+        format!("{}/completions", self.base)
     }
 
     /// POSTs `body` to `/completions`, retrying 429 and 503 (Retry-After
     /// honoured, bounded in count and time). Any other answer is returned.
     fn post(&self, body: &serde_json::Value) -> Result<ureq::http::Response<ureq::Body>> {
-        let url = format!("{}/completions", self.base);
+        let url = self.completions_url();
         let text = body.to_string();
         let started = Instant::now();
         let mut wait = Duration::from_millis(500);
-        for attempt in 1..=TRIES {
-            let mut request = self
+        let mut attempt = 1;
+        loop {
+            let request = self
                 .agent
                 .post(&url)
                 .header("Content-Type", "application/json")
                 .header("Accept", "application/json, text/event-stream");
-            if let Some(key) = &self.key {
-                request = request.header("Authorization", format!("Bearer {}", key.value));
-            }
-            let response = request
+            let response = self
+                .authorized(request)
                 .send(text.as_bytes())
                 .map_err(|e| self.transport_error(e))?;
-            let status = response.status().as_u16();
-            if !matches!(status, 429 | 503) || attempt == TRIES {
-                return Ok(response);
-            }
+            let busy = matches!(response.status().as_u16(), 429 | 503);
             let pause = retry_after(&response).unwrap_or(wait).min(MAX_WAIT);
-            if started.elapsed() + pause > MAX_WAIT * 2 {
+            if !busy || attempt == TRIES || started.elapsed() + pause > MAX_WAIT * 2 {
                 return Ok(response);
             }
             std::thread::sleep(pause);
             wait *= 2;
+            attempt += 1;
         }
-        unreachable!("the last try returns")
     }
 
     fn transport_error(&self, e: ureq::Error) -> CmplError {
@@ -248,7 +254,7 @@ impl Client {
         live: bool,
         tx: &mpsc::Sender<Msg>,
     ) -> Result<()> {
-        let url = format!("{}/completions", self.base);
+        let url = self.completions_url();
         let mut response = self.post(body)?;
         if !response.status().is_success() {
             return Err(self.status_error(&url, response));
@@ -266,7 +272,7 @@ impl Client {
                 .limit(u64::MAX)
                 .reader(),
         );
-        while let Some(data) = sse::next_event(&mut reader).map_err(|e| self.read_error(&url, e))? {
+        while let Some(data) = sse::next_event(&mut reader).map_err(|e| read_error(&url, e))? {
             let value: serde_json::Value = serde_json::from_str(&data).map_err(|e| {
                 CmplError::new(
                     ErrorKind::Unavailable,
@@ -288,13 +294,13 @@ impl Client {
         }
         state.end(tx)
     }
+}
 
-    fn read_error(&self, url: &str, e: std::io::Error) -> CmplError {
-        CmplError::new(
-            ErrorKind::Unavailable,
-            format!("reading the answer from {url}: {e}"),
-        )
-    }
+fn read_error(url: &str, e: std::io::Error) -> CmplError {
+    CmplError::new(
+        ErrorKind::Unavailable,
+        format!("reading the answer from {url}: {e}"),
+    )
 }
 
 impl Backend for Remote {
@@ -721,12 +727,7 @@ fn read_json(body: &mut ureq::Body, url: &str) -> Result<serde_json::Value> {
         .limit(BODY_LIMIT)
         .reader()
         .read_to_string(&mut text)
-        .map_err(|e| {
-            CmplError::new(
-                ErrorKind::Unavailable,
-                format!("reading the answer from {url}: {e}"),
-            )
-        })?;
+        .map_err(|e| read_error(url, e))?;
     serde_json::from_str(&text).map_err(|e| {
         CmplError::new(
             ErrorKind::Unavailable,

@@ -68,32 +68,16 @@ impl Served {
             .timeout_global(Some(Duration::from_secs(600)))
             .build()
             .into();
-        let url = format!("{}{path}", self.root());
-        let mut req = agent.post(&url);
-        if method == "GET" {
-            let mut get = agent.get(&url);
-            if let Some(k) = key {
-                get = get.header("Authorization", format!("Bearer {k}"));
-            }
-            let mut r = get.call().expect("request");
-            return (r.status().as_u16(), r.body_mut().read_to_string().unwrap());
-        }
-        if method != "POST" {
-            req = agent.put(&url);
-        }
+        let mut request = ureq::http::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.root()));
         if let Some(k) = key {
-            req = req.header("Authorization", format!("Bearer {k}"));
+            request = request.header("Authorization", format!("Bearer {k}"));
         }
-        let mut r = req.send(body).expect("request");
+        let mut r = agent.run(request.body(body).unwrap()).expect("request");
         let status = r.status().as_u16();
-        (
-            status,
-            r.body_mut()
-                .with_config()
-                .limit(64 << 20)
-                .read_to_string()
-                .unwrap(),
-        )
+        let text = r.body_mut().with_config().limit(64 << 20).read_to_string();
+        (status, text.unwrap())
     }
 }
 
