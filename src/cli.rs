@@ -61,7 +61,7 @@ Examples:
     max_term_width = 100
 )]
 pub struct Cli {
-    /// The text to complete. Without it, stdin is read (see Input below).
+    /// The text to complete. Piped text comes before it; a piped JSON request takes it as its prompt (see Input below).
     #[arg(value_name = "PROMPT")]
     pub prompt: Option<String>,
 
