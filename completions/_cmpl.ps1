@@ -21,8 +21,8 @@ Register-ArgumentCompleter -Native -CommandName 'cmpl' -ScriptBlock {
 
     $completions = @(switch ($command) {
         'cmpl' {
-            [CompletionResult]::new('-m', '-m', [CompletionResultType]::ParameterName, 'GGUF model file, or the name of one in the models folder [default: $CMPL_MODEL, the config''s model, then gemma-3-270m-q4_k_m.gguf in the cache dir]')
-            [CompletionResult]::new('--model', '--model', [CompletionResultType]::ParameterName, 'GGUF model file, or the name of one in the models folder [default: $CMPL_MODEL, the config''s model, then gemma-3-270m-q4_k_m.gguf in the cache dir]')
+            [CompletionResult]::new('-m', '-m', [CompletionResultType]::ParameterName, 'GGUF model file, the name of one in the models folder, or a Hugging Face model hf.co/ORG/REPO[:QUANT] (downloaded once into the hub cache) [default: $CMPL_MODEL, the config''s model, then gemma-3-270m-q4_k_m.gguf in the cache dir]')
+            [CompletionResult]::new('--model', '--model', [CompletionResultType]::ParameterName, 'GGUF model file, the name of one in the models folder, or a Hugging Face model hf.co/ORG/REPO[:QUANT] (downloaded once into the hub cache) [default: $CMPL_MODEL, the config''s model, then gemma-3-270m-q4_k_m.gguf in the cache dir]')
             [CompletionResult]::new('--max-tokens', '--max-tokens', [CompletionResultType]::ParameterName, 'Tokens to generate per choice, 1.. [default: 128]')
             [CompletionResult]::new('--stop', '--stop', [CompletionResultType]::ParameterName, 'Stop when the text contains this string (not included); repeatable')
             [CompletionResult]::new('--temperature', '--temperature', [CompletionResultType]::ParameterName, 'Sampling temperature, 0..2; 0 is greedy and deterministic [default: 0.7]')
@@ -59,7 +59,7 @@ Register-ArgumentCompleter -Native -CommandName 'cmpl' -ScriptBlock {
             [CompletionResult]::new('--no-repack', '--no-repack', [CompletionResultType]::ParameterName, 'Keep the weights as stored instead of repacking some into CPU-friendly layouts at load (as llama.cpp''s --no-repack): less memory and a faster load, slower prompts and batches')
             [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'Show llama.cpp''s own log, and how long the model took to load, on stderr')
             [CompletionResult]::new('--strict-model', '--strict-model', [CompletionResultType]::ParameterName, 'With --serve: answer a request naming another model with 404 (default: the served model answers it)')
-            [CompletionResult]::new('--list-models', '--list-models', [CompletionResultType]::ParameterName, 'List the models in the models folder with size, architecture and parameters')
+            [CompletionResult]::new('--list-models', '--list-models', [CompletionResultType]::ParameterName, 'List the models in the models folder and the hub cache with size, architecture and parameters')
             [CompletionResult]::new('--models-dir', '--models-dir', [CompletionResultType]::ParameterName, 'Print the models folder: where -m NAME looks, and where the default model goes')
             [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print the version and the GPU backends compiled in')
             [CompletionResult]::new('--version', '--version', [CompletionResultType]::ParameterName, 'Print the version and the GPU backends compiled in')

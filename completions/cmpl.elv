@@ -18,8 +18,8 @@ set edit:completion:arg-completer[cmpl] = {|@words|
     }
     var completions = [
         &'cmpl'= {
-            cand -m 'GGUF model file, or the name of one in the models folder [default: $CMPL_MODEL, the config''s model, then gemma-3-270m-q4_k_m.gguf in the cache dir]'
-            cand --model 'GGUF model file, or the name of one in the models folder [default: $CMPL_MODEL, the config''s model, then gemma-3-270m-q4_k_m.gguf in the cache dir]'
+            cand -m 'GGUF model file, the name of one in the models folder, or a Hugging Face model hf.co/ORG/REPO[:QUANT] (downloaded once into the hub cache) [default: $CMPL_MODEL, the config''s model, then gemma-3-270m-q4_k_m.gguf in the cache dir]'
+            cand --model 'GGUF model file, the name of one in the models folder, or a Hugging Face model hf.co/ORG/REPO[:QUANT] (downloaded once into the hub cache) [default: $CMPL_MODEL, the config''s model, then gemma-3-270m-q4_k_m.gguf in the cache dir]'
             cand --max-tokens 'Tokens to generate per choice, 1.. [default: 128]'
             cand --stop 'Stop when the text contains this string (not included); repeatable'
             cand --temperature 'Sampling temperature, 0..2; 0 is greedy and deterministic [default: 0.7]'
@@ -56,7 +56,7 @@ set edit:completion:arg-completer[cmpl] = {|@words|
             cand --no-repack 'Keep the weights as stored instead of repacking some into CPU-friendly layouts at load (as llama.cpp''s --no-repack): less memory and a faster load, slower prompts and batches'
             cand --verbose 'Show llama.cpp''s own log, and how long the model took to load, on stderr'
             cand --strict-model 'With --serve: answer a request naming another model with 404 (default: the served model answers it)'
-            cand --list-models 'List the models in the models folder with size, architecture and parameters'
+            cand --list-models 'List the models in the models folder and the hub cache with size, architecture and parameters'
             cand --models-dir 'Print the models folder: where -m NAME looks, and where the default model goes'
             cand -V 'Print the version and the GPU backends compiled in'
             cand --version 'Print the version and the GPU backends compiled in'

@@ -1,4 +1,4 @@
-complete -c cmpl -s m -l model -d 'GGUF model file, or the name of one in the models folder [default: $CMPL_MODEL, the config\'s model, then gemma-3-270m-q4_k_m.gguf in the cache dir]' -r
+complete -c cmpl -s m -l model -d 'GGUF model file, the name of one in the models folder, or a Hugging Face model hf.co/ORG/REPO[:QUANT] (downloaded once into the hub cache) [default: $CMPL_MODEL, the config\'s model, then gemma-3-270m-q4_k_m.gguf in the cache dir]' -r
 complete -c cmpl -l max-tokens -d 'Tokens to generate per choice, 1.. [default: 128]' -r
 complete -c cmpl -l stop -d 'Stop when the text contains this string (not included); repeatable' -r
 complete -c cmpl -l temperature -d 'Sampling temperature, 0..2; 0 is greedy and deterministic [default: 0.7]' -r
@@ -41,7 +41,7 @@ complete -c cmpl -l json -d 'Print the API\'s JSON: one CompletionResponse, or S
 complete -c cmpl -l no-repack -d 'Keep the weights as stored instead of repacking some into CPU-friendly layouts at load (as llama.cpp\'s --no-repack): less memory and a faster load, slower prompts and batches'
 complete -c cmpl -l verbose -d 'Show llama.cpp\'s own log, and how long the model took to load, on stderr'
 complete -c cmpl -l strict-model -d 'With --serve: answer a request naming another model with 404 (default: the served model answers it)'
-complete -c cmpl -l list-models -d 'List the models in the models folder with size, architecture and parameters'
+complete -c cmpl -l list-models -d 'List the models in the models folder and the hub cache with size, architecture and parameters'
 complete -c cmpl -l models-dir -d 'Print the models folder: where -m NAME looks, and where the default model goes'
 complete -c cmpl -s V -l version -d 'Print the version and the GPU backends compiled in'
 complete -c cmpl -s h -l help -d 'Print help'

@@ -42,6 +42,9 @@ Environment:
   CMPL_BASE_URL  a server to use, as --base-url
   CMPL_API_KEY   the key sent to that server (never on the command line);
                  with --serve, the key clients must send
+  HF_HUB_CACHE   the hub cache for hf.co/ models (else $HF_HOME/hub, else
+                 ~/.cache/huggingface/hub); HF_HUB_OFFLINE=1 uses it with
+                 no request; HF_ENDPOINT a mirror; HF_TOKEN gated models
   NO_COLOR       disables colour (as --color never)
 
 Examples:
@@ -65,9 +68,15 @@ pub struct Cli {
     #[arg(value_name = "PROMPT")]
     pub prompt: Option<String>,
 
-    /// GGUF model file, or the name of one in the models folder
+    /// GGUF model file, the name of one in the models folder, or a Hugging Face
+    /// model hf.co/ORG/REPO[:QUANT] (downloaded once into the hub cache)
     /// [default: $CMPL_MODEL, the config's model, then gemma-3-270m-q4_k_m.gguf in the cache dir].
-    #[arg(short = 'm', long, value_name = "PATH|NAME", help_heading = "Request")]
+    #[arg(
+        short = 'm',
+        long,
+        value_name = "PATH|NAME|hf.co/ORG/REPO[:QUANT]",
+        help_heading = "Request"
+    )]
     pub model: Option<String>,
 
     /// Tokens to generate per choice, 1.. [default: 128].
@@ -224,7 +233,7 @@ pub struct Cli {
     )]
     pub color: Color,
 
-    /// List the models in the models folder with size, architecture and parameters.
+    /// List the models in the models folder and the hub cache with size, architecture and parameters.
     #[arg(long, help_heading = "Other")]
     pub list_models: bool,
 

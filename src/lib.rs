@@ -18,6 +18,7 @@ mod cli;
 mod config;
 mod engine;
 mod gguf;
+mod hub;
 mod input;
 mod models;
 mod oneshot;

@@ -1,5 +1,6 @@
-//! Where models live and how a `-m` value becomes a file: a path, or a name
-//! in the models folder of the user cache dir.
+//! Where models live and how a `-m` value becomes a file: a path, a name
+//! in the models folder of the user cache dir, or a Hugging Face hub name
+//! (`hf.co/ORG/REPO[:QUANT]`, fetched into the hub cache).
 
 use crate::error::{CmplError, Result};
 use std::path::{Path, PathBuf};
@@ -27,7 +28,7 @@ impl ModelRef {
     /// string, or a name that resolves to the same file.
     pub fn is(&self, named: &str) -> bool {
         named == self.name
-            || find(named).is_some_and(|p| {
+            || local_or_cached(named).is_some_and(|p| {
                 let canon = |p: &Path| std::fs::canonicalize(p).ok();
                 canon(&p).is_some() && canon(&p) == canon(&self.path)
             })
@@ -44,6 +45,10 @@ pub fn resolve(given: Option<&str>, config: Option<&str>) -> Result<ModelRef> {
         .or(config.map(str::to_string))
     {
         Some(name) => {
+            if let Some(hub_name) = hub_name(&name) {
+                let path = crate::hub::resolve(&hub_name?, &name)?;
+                return Ok(ModelRef { name, path });
+            }
             let path = find(&name).ok_or_else(|| {
                 CmplError::model(format!(
                     "model `{name}` not found: no such file, and no `{name}` or `{name}.gguf` in {}. {}",
@@ -72,7 +77,21 @@ pub fn resolve(given: Option<&str>, config: Option<&str>) -> Result<ModelRef> {
     }
 }
 
-const HOW_TO_GET: &str = "Pass -m PATH to a .gguf file, or fetch the default model with `scripts/fetch-model` from the cmpl source tree.";
+const HOW_TO_GET: &str = "Pass -m PATH to a .gguf file, or a hub name like -m hf.co/ORG/REPO:QUANT, or fetch the default model with `scripts/fetch-model` from the cmpl source tree.";
+
+/// A hub name, unless a file of that name exists (a path wins).
+fn hub_name(name: &str) -> Option<Result<crate::hub::HubName>> {
+    crate::hub::HubName::parse(name).filter(|_| !Path::new(name).exists())
+}
+
+/// The file a name means without any download: a path, the models
+/// folder, or the hub cache.
+fn local_or_cached(name: &str) -> Option<PathBuf> {
+    match hub_name(name) {
+        Some(parsed) => crate::hub::cached_path(&parsed.ok()?),
+        None => find(name),
+    }
+}
 
 fn dir_text() -> String {
     models_dir().map_or_else(
@@ -93,43 +112,56 @@ fn find(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// `--list-models`: the models folder's GGUF files with size, architecture
-/// and parameter count, read from their headers (no weights loaded).
+/// `--list-models`: the GGUF files of the models folder and of the hub
+/// cache, by the name that loads each, with size, architecture and
+/// parameter count read from their headers (no weights loaded).
 pub fn list(out: &mut dyn std::io::Write) -> Result<()> {
-    let Some(dir) = models_dir() else {
-        return Err(CmplError::internal("no cache directory on this system"));
-    };
-    let mut files: Vec<PathBuf> = match std::fs::read_dir(&dir) {
-        Ok(entries) => entries
+    let dir = models_dir();
+    let mut files: Vec<(String, PathBuf)> = match dir.as_ref().map(std::fs::read_dir) {
+        Some(Ok(entries)) => entries
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
+            .map(|p| {
+                let name = p
+                    .file_stem()
+                    .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+                (name, p)
+            })
             .collect(),
-        Err(_) => Vec::new(),
+        _ => Vec::new(),
     };
     files.sort();
+    files.extend(crate::hub::listed());
     if files.is_empty() {
-        writeln!(out, "no models in {}. {HOW_TO_GET}", dir.display())?;
+        writeln!(
+            out,
+            "no models in {} or the hub cache. {HOW_TO_GET}",
+            dir_text()
+        )?;
         return Ok(());
     }
+    let width = files
+        .iter()
+        .map(|(n, _)| n.len())
+        .max()
+        .unwrap_or(0)
+        .max(40);
     writeln!(
         out,
-        "{:<40} {:>9} {:<14} {:>8}",
+        "{:<width$} {:>9} {:<14} {:>8}",
         "NAME", "SIZE", "ARCHITECTURE", "PARAMS"
     )?;
-    for path in files {
-        let name = path
-            .file_stem()
-            .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+    for (name, path) in files {
         match crate::gguf::inspect(&path) {
             Ok(info) => writeln!(
                 out,
-                "{:<40} {:>9} {:<14} {:>8}",
+                "{:<width$} {:>9} {:<14} {:>8}",
                 name,
                 size_text(info.file_size),
                 info.architecture().unwrap_or("?"),
                 count_text(info.parameter_count)
             )?,
-            Err(e) => writeln!(out, "{name:<40} invalid: {e}")?,
+            Err(e) => writeln!(out, "{name:<width$} invalid: {e}")?,
         }
     }
     Ok(())

@@ -60,9 +60,17 @@ fn isolate(cmd: &mut Command) {
         "CMPL_API_KEY",
         "TOGETHER_API_KEY",
         "OPENAI_API_KEY",
+        "HF_HOME",
+        "HF_ENDPOINT",
+        "HF_TOKEN",
+        "HF_TOKEN_PATH",
+        "HF_HUB_OFFLINE",
+        "HUGGINGFACE_HUB_CACHE",
     ] {
         cmd.env_remove(var);
     }
+    // Nor the user's hub cache: tests that use one name their own.
+    cmd.env("HF_HUB_CACHE", "/nonexistent/cmpl-tests-hub");
     // Asking for the models folder is how the model is found in the first place.
     if cmd.get_args().all(|a| a != "--models-dir") {
         cmd.env("CMPL_MODEL", model_path());
@@ -94,6 +102,11 @@ pub struct Output {
 impl Cmpl {
     pub fn stdin(mut self, input: impl AsRef<[u8]>) -> Self {
         self.stdin = Some(input.as_ref().to_vec());
+        self
+    }
+
+    pub fn args<S: AsRef<std::ffi::OsStr>>(mut self, args: impl IntoIterator<Item = S>) -> Self {
+        self.cmd.args(args);
         self
     }
 
