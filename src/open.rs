@@ -77,6 +77,14 @@ fn load(model: ModelRef, runtime: &Runtime) -> Result<&'static Engine> {
         return Err(CmplError::interrupted());
     }
     let engine = engine?;
+    // A GPU build on a machine without a usable GPU (no driver, no Vulkan
+    // ICD) runs on the CPU, as llama.cpp does; say so once.
+    if cfg!(any(feature = "cuda", feature = "metal", feature = "vulkan"))
+        && runtime.n_gpu_layers != Some(0)
+        && !engine.has_gpu()
+    {
+        eprintln!("cmpl: no GPU device found; running on the CPU (-ngl 0 silences this)");
+    }
     if runtime.verbose {
         eprintln!(
             "cmpl: model loaded in {:.3} s",

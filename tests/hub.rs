@@ -146,6 +146,23 @@ fn downloads_once_into_the_shared_layout_and_answers_as_the_local_file() {
     assert_eq!(offline.json()["choices"][0]["text"], local_text());
     assert_eq!(hub.seen().len(), 4);
 
+    // Named by a request's `model`, or by CMPL_MODEL, the same.
+    let request =
+        serde_json::json!({"model": name, "prompt": PROMPT, "max_tokens": 8, "temperature": 0});
+    let by_request = cmpl(&["--json"])
+        .stdin(request.to_string())
+        .env("HF_HUB_CACHE", cache.path())
+        .env("HF_HUB_OFFLINE", "1")
+        .run();
+    assert_eq!(by_request.json()["model"], name.as_str());
+    assert_eq!(by_request.json()["choices"][0]["text"], local_text());
+    let by_env = cmpl(&[PROMPT, "--max-tokens", "8", "--temperature", "0", "--json"])
+        .env("CMPL_MODEL", &name)
+        .env("HF_HUB_CACHE", cache.path())
+        .env("HF_HUB_OFFLINE", "1")
+        .run();
+    assert_eq!(by_env.json()["model"], name.as_str());
+
     // The hub unreachable: the cached file, with a note.
     let unreachable = cmpl(&["-m"])
         .args(greedy(&name))

@@ -60,6 +60,16 @@ impl TemperatureDraw {
         }
     }
 
+    /// The tokens a draw chooses among: all, or those the truncation keeps.
+    #[cfg(test)]
+    pub(super) fn kept(&mut self, logits: &[f32]) -> Vec<u32> {
+        if self.truncation.is_none() {
+            return (0..logits.len() as u32).collect();
+        }
+        let n = self.truncate(logits, vector::max(logits));
+        self.near[..n].iter().map(|&(_, id)| id).collect()
+    }
+
     fn sample_all(&mut self, logits: &[f32], max: f32) -> Option<usize> {
         let mut scratch = [0.0f32; BLOCK];
         self.blocks.clear();

@@ -6,32 +6,60 @@ use crate::error::{CmplError, Result};
 use crate::gguf::GgufInfo;
 
 impl Engine {
-    /// Refuses a KV cache of `cells` that would not fit in available memory.
+    /// Refuses a KV cache of `cells` that would not fit in available memory:
+    /// the offloaded layers' share in the GPUs' free memory, the rest in RAM.
     pub(super) fn check_memory(&self, cells: u32) -> Result<()> {
-        let (Some(need), Some(available)) = (self.kv_bytes(cells), available_memory()) else {
-            return Ok(());
-        };
-        if need > available {
-            return Err(CmplError::context(format!(
-                "this request needs {} of KV cache ({cells} tokens) but only {} of memory is available; lower n, max_tokens or --ctx-size",
-                human_bytes(need),
-                human_bytes(available)
-            )));
+        for (need, available, what) in self.kv_split(cells) {
+            if need > available {
+                return Err(CmplError::context(format!(
+                    "this request needs {} of KV cache ({cells} tokens) in {what} but only {} is available; lower n, max_tokens or --ctx-size",
+                    human_bytes(need),
+                    human_bytes(available)
+                )));
+            }
         }
         Ok(())
     }
 
     /// Whether a KV cache of `cells` takes at most half the available memory.
     pub(super) fn fits_comfortably(&self, cells: u32) -> bool {
-        match (self.kv_bytes(cells), available_memory()) {
-            (Some(need), Some(free)) => need <= free / 2,
-            _ => true,
-        }
+        self.kv_split(cells)
+            .iter()
+            .all(|&(need, free, _)| need <= free / 2)
     }
 
-    fn kv_bytes(&self, cells: u32) -> Option<u64> {
-        kv_bytes(&self.info, cells)
+    /// (bytes needed, bytes available, where) for the KV cache of `cells`:
+    /// llama.cpp keeps an offloaded layer's cache on its device.
+    fn kv_split(&self, cells: u32) -> Vec<(u64, u64, &'static str)> {
+        let Some(need) = kv_bytes(&self.info, cells) else {
+            return Vec::new();
+        };
+        let layers = self.info.arch_u64("block_count").unwrap_or(1).max(1);
+        let on_gpu = match self.gpu_free {
+            Some(_) => self.gpu_layers.map_or(layers, |n| u64::from(n).min(layers)),
+            None => 0,
+        };
+        let gpu_need = need / layers * on_gpu;
+        let mut split = Vec::new();
+        if let (Some(free), true) = (self.gpu_free, on_gpu > 0) {
+            split.push((gpu_need, free, "GPU memory"));
+        }
+        if let (Some(free), true) = (available_memory(), on_gpu < layers) {
+            split.push((need - gpu_need, free, "memory"));
+        }
+        split
     }
+}
+
+/// The free memory of the GPU devices llama.cpp sees; `None` without one.
+pub(super) fn gpu_free_memory() -> Option<u64> {
+    use llama_cpp_2::LlamaBackendDeviceType as Type;
+    let gpus: Vec<u64> = llama_cpp_2::list_llama_ggml_backend_devices()
+        .into_iter()
+        .filter(|d| matches!(d.device_type, Type::Gpu | Type::IntegratedGpu))
+        .map(|d| d.memory_free as u64)
+        .collect();
+    (!gpus.is_empty()).then(|| gpus.iter().sum())
 }
 
 /// Bytes of KV cache that `cells` cells take (f16 keys and values), from the

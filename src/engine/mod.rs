@@ -46,6 +46,10 @@ pub struct Engine {
     model_ref: ModelRef,
     info: GgufInfo,
     threads: i32,
+    /// Free memory of the GPU devices after loading; `None` without one.
+    gpu_free: Option<u64>,
+    /// -ngl as given (default: all layers, where there is a GPU).
+    gpu_layers: Option<u32>,
     longest_piece: std::sync::OnceLock<usize>,
 }
 
@@ -212,14 +216,22 @@ impl Engine {
             ))
         })?;
         let threads = opts.threads.map_or_else(physical_cores, |t| t as i32);
+        let gpu_free = memory::gpu_free_memory();
         Ok(Engine {
             model,
             backend,
             model_ref,
             info,
             threads,
+            gpu_free,
+            gpu_layers: opts.n_gpu_layers,
             longest_piece: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Whether llama.cpp found a GPU device to offload to.
+    pub fn has_gpu(&self) -> bool {
+        self.gpu_free.is_some()
     }
 
     /// Bytes of the vocabulary's longest token.

@@ -16,8 +16,9 @@ use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Prompt tokens per decode call. Smaller when every position's logits are
-/// kept (echo with logprobs), since each costs a vocabulary of floats.
+/// Prompt tokens per decode call (several jobs' prompts share one). Smaller
+/// when every position's logits are kept (echo with logprobs), since each
+/// costs a vocabulary of floats.
 const PROMPT_CHUNK: usize = 512;
 const PROMPT_CHUNK_ALL_LOGITS: usize = 32;
 
@@ -76,6 +77,7 @@ impl Engine {
         let mut batch = LlamaBatch::new(batch_size, parallel as i32);
         let mut run = Run {
             engine: self,
+            batch_size,
             free_seqs: (0..parallel as i32).rev().collect(),
             free_cells: cells,
             states: HashMap::new(),
@@ -100,14 +102,18 @@ impl Engine {
                 return Ok(());
             }
             // Admit waiting jobs, in order, while their slots and cells are free.
+            let (mut seqs_left, mut cells_left) = (run.free_seqs.len(), run.free_cells);
+            let mut admitted = Vec::new();
             while let Some((_, job)) = pending.front() {
-                if job.request.n as usize > run.free_seqs.len() || job.cells() > run.free_cells {
+                if job.request.n as usize > seqs_left || job.cells() > cells_left {
                     break;
                 }
-                let Some((index, job)) = pending.pop_front() else {
-                    break;
-                };
-                run.admit(index, job, &mut ctx, &mut batch, interrupted, sink)?;
+                seqs_left -= job.request.n as usize;
+                cells_left -= job.cells();
+                admitted.extend(pending.pop_front());
+            }
+            if !admitted.is_empty() {
+                run.admit(admitted, &mut ctx, &mut batch, interrupted, sink)?;
             }
             if run.running.is_empty() {
                 // Nothing runs, so the first waiting job can never fit.
@@ -147,9 +153,20 @@ fn cancelled(outcome: &Result<()>) -> bool {
     matches!(outcome, Err(e) if e.kind == ErrorKind::Cancelled)
 }
 
+/// A job admitted, its prompt on its way through the batch.
+struct Prompted {
+    index: usize,
+    job: Job,
+    seqs: Vec<i32>,
+    /// The prompt's tokens when echoed (with logprobs once scored).
+    prompt: Vec<TokenInfo>,
+}
+
 /// The loop's state between steps.
 struct Run<'e> {
     engine: &'e Engine,
+    /// Tokens a decode call takes.
+    batch_size: usize,
     free_seqs: Vec<i32>,
     free_cells: u32,
     states: HashMap<usize, JobState>,
@@ -157,71 +174,136 @@ struct Run<'e> {
 }
 
 impl Run<'_> {
-    /// Evaluates the job's prompt once for all its choices (each token tagged
-    /// with every choice's sequence, so the cells are shared), then samples
-    /// each choice's first token.
+    /// Evaluates the jobs' prompts, as many tokens per decode call as the
+    /// batch takes (a job's prompt once for all its choices: each token is
+    /// tagged with every choice's sequence, so the cells are shared), and
+    /// starts each job as soon as its last prompt token is decoded.
     fn admit(
         &mut self,
-        index: usize,
-        job: Job,
+        jobs: Vec<(usize, Job)>,
         ctx: &mut LlamaContext,
         batch: &mut LlamaBatch,
         interrupted: &AtomicBool,
         sink: &mut Sink,
     ) -> Result<()> {
-        let n = job.request.n;
-        let seqs: Vec<i32> = (0..n).filter_map(|_| self.free_seqs.pop()).collect();
-        self.free_cells -= job.cells();
-        let echo = job.request.echo;
-        let prompt_logprobs = echo && (job.request.logprobs.is_some() || job.token_logprob);
-        let top_n = job.request.logprobs.unwrap_or(0) as usize;
-        let chunk = if prompt_logprobs {
-            PROMPT_CHUNK_ALL_LOGITS
-        } else {
-            PROMPT_CHUNK
-        };
-        // With echo, every prompt token is reported; with logprobs too, each
-        // is scored by the logits of the position before it.
-        let mut prompt_infos: Vec<TokenInfo> = if echo {
-            job.tokens.iter().map(|&t| self.token_info(t)).collect()
-        } else {
-            Vec::new()
-        };
-        let n_prompt = job.tokens.len();
-        for (c, tokens) in job.tokens.chunks(chunk).enumerate() {
+        // Jobs whose last prompt token is in the batch, and its index there.
+        let mut ready: Vec<(Prompted, i32)> = Vec::new();
+        batch.clear();
+        for (index, job) in jobs {
+            let seqs: Vec<i32> = (0..job.request.n).filter_map(|_| self.free_seqs.pop()).collect();
+            self.free_cells -= job.cells();
+            let echo = job.request.echo;
+            // With echo, every prompt token is reported; with logprobs too, each
+            // is scored by the logits of the position before it.
+            let prompt_infos: Vec<TokenInfo> = if echo {
+                job.tokens.iter().map(|&t| self.token_info(t)).collect()
+            } else {
+                Vec::new()
+            };
+            let mut prompted = Prompted {
+                index,
+                job,
+                seqs,
+                prompt: prompt_infos,
+            };
+            if echo && (prompted.job.request.logprobs.is_some() || prompted.job.token_logprob) {
+                // Every position's logits are kept: alone, in small chunks.
+                self.flush(&mut ready, ctx, batch, sink)?;
+                let last = self.score_prompt(&mut prompted, ctx, batch, interrupted)?;
+                self.start(prompted, last, ctx, sink)?;
+                batch.clear();
+                continue;
+            }
+            let n_prompt = prompted.job.tokens.len();
+            for (pos, &token) in prompted.job.tokens.iter().enumerate() {
+                if batch.n_tokens() as usize >= self.batch_size {
+                    if interrupted.load(Ordering::Relaxed) {
+                        return Err(CmplError::interrupted());
+                    }
+                    self.flush(&mut ready, ctx, batch, sink)?;
+                }
+                batch
+                    .add(token, pos as i32, &prompted.seqs, pos + 1 == n_prompt)
+                    .map_err(|e| CmplError::internal(format!("batch: {e}")))?;
+            }
+            let last = batch.n_tokens() - 1;
+            ready.push((prompted, last));
+        }
+        self.flush(&mut ready, ctx, batch, sink)
+    }
+
+    /// Decodes what the batch holds and starts the jobs it completes.
+    fn flush(
+        &mut self,
+        ready: &mut Vec<(Prompted, i32)>,
+        ctx: &mut LlamaContext,
+        batch: &mut LlamaBatch,
+        sink: &mut Sink,
+    ) -> Result<()> {
+        if batch.n_tokens() > 0 {
+            decode(ctx, batch)?;
+        }
+        for (prompted, last) in ready.drain(..) {
+            self.start(prompted, last, ctx, sink)?;
+        }
+        batch.clear();
+        Ok(())
+    }
+
+    /// Decodes a prompt whose every position is scored (echo with
+    /// logprobs); returns the index of its last token's logits.
+    fn score_prompt(
+        &self,
+        p: &mut Prompted,
+        ctx: &mut LlamaContext,
+        batch: &mut LlamaBatch,
+        interrupted: &AtomicBool,
+    ) -> Result<i32> {
+        let top_n = p.job.request.logprobs.unwrap_or(0) as usize;
+        for (c, tokens) in p.job.tokens.chunks(PROMPT_CHUNK_ALL_LOGITS).enumerate() {
             if interrupted.load(Ordering::Relaxed) {
                 return Err(CmplError::interrupted());
             }
             batch.clear();
-            let start = c * chunk;
+            let start = c * PROMPT_CHUNK_ALL_LOGITS;
             for (j, &token) in tokens.iter().enumerate() {
-                let pos = start + j;
-                let last = pos + 1 == n_prompt;
                 batch
-                    .add(token, pos as i32, &seqs, last || prompt_logprobs)
+                    .add(token, (start + j) as i32, &p.seqs, true)
                     .map_err(|e| CmplError::internal(format!("batch: {e}")))?;
             }
             decode(ctx, batch)?;
-            if prompt_logprobs {
-                for j in 0..tokens.len() {
-                    if let Some(info) = prompt_infos.get_mut(start + j + 1) {
-                        let logits = ctx.get_logits_ith(j as i32);
-                        fill_logprobs(info, logits, top_n, |id| self.piece(id));
-                    }
+            for j in 0..tokens.len() {
+                if let Some(info) = p.prompt.get_mut(start + j + 1) {
+                    let logits = ctx.get_logits_ith(j as i32);
+                    fill_logprobs(info, logits, top_n, |id| self.piece(id));
                 }
             }
         }
-        // Logits of the prompt's last token, for every choice's first draw.
-        let last_idx = batch.n_tokens() - 1;
-        let window = self.engine.n_ctx_train() as i32;
+        let last = batch.n_tokens() - 1;
+        Ok(last)
+    }
+
+    /// Starts a job whose prompt is decoded: its choices draw their first
+    /// token from output `last_idx`.
+    fn start(
+        &mut self,
+        p: Prompted,
+        last_idx: i32,
+        ctx: &mut LlamaContext,
+        sink: &mut Sink,
+    ) -> Result<()> {
+        let Prompted {
+            index,
+            job,
+            seqs,
+            prompt: prompt_infos,
+        } = p;
+        let n = job.request.n;
+        let echo = job.request.echo;
+        let n_prompt = job.tokens.len();
         let mut choices = Vec::with_capacity(n as usize);
         for (i, &seq) in seqs.iter().enumerate() {
-            let mut sampler = sampler::SamplerChain::new(
-                &job.request.sampling,
-                self.engine.model.n_vocab(),
-                job.seeds[i],
-                window,
-            );
+            let mut sampler = sampler::SamplerChain::new(&job.request.sampling, job.seeds[i]);
             sampler.accept_many(&job.tokens);
             choices.push(ChoiceState {
                 job: index,

@@ -1,0 +1,79 @@
+//! The GPU offload path, on a real GPU backend: llama.cpp's Vulkan backend on
+//! Mesa's software device (lavapipe), so it runs on any machine. Built and
+//! run by `scripts/test-gpu` (`--features vulkan`); compiled out otherwise.
+#![cfg(feature = "vulkan")]
+
+mod common;
+
+use common::run::{cmpl, Cmpl};
+use common::schema::follows_single_run;
+use serde_json::Value;
+
+/// Greedy continuations of the CPU build (tests/completion.rs).
+const CASES: [(&str, &str); 3] = [
+    (
+        "The capital of France is",
+        " the capital of the country of France. It is the largest city in France. It is the capital of the country of",
+    ),
+    ("def fibonacci(n):", "\n    if n == 0:\n        return 0\n    elif n == 1:\n        return"),
+    ("1, 2, 3, 4,", " 5, 6, 7, 8, 9, 10, 11, "),
+];
+
+/// cmpl with lavapipe as the only Vulkan device (scripts/test-gpu names its ICD).
+fn on_lavapipe(args: &[&str]) -> Cmpl {
+    let icd = std::env::var("CMPL_VULKAN_ICD").expect("CMPL_VULKAN_ICD is not set: run scripts/test-gpu");
+    cmpl(args).env("VK_ICD_FILENAMES", icd)
+}
+
+fn greedy(prompt: &str, ngl: &str) -> (Value, String) {
+    let out = on_lavapipe(&[prompt, "-ngl", ngl, "--max-tokens", "24", "--temperature", "0", "--logprobs", "3", "--json"]).run();
+    out.ok();
+    (out.json(), out.stderr)
+}
+
+#[test]
+fn version_names_the_backend() {
+    let out = cmpl(&["--version"]).run();
+    assert!(out.ok().contains("GPU backends: vulkan"), "{}", out.stdout);
+}
+
+#[test]
+fn every_layer_on_the_device_gives_the_cpu_text_up_to_a_near_tie() {
+    for (prompt, cpu_text) in CASES {
+        let (cpu, _) = greedy(prompt, "0");
+        assert_eq!(cpu["choices"][0]["text"], cpu_text, "-ngl 0 is the CPU path");
+        for ngl in ["99", "9"] {
+            let (gpu, stderr) = greedy(prompt, ngl);
+            assert!(!stderr.contains("no GPU device"), "lavapipe was not found: {stderr}");
+            // The same tokens, or a parting at a near-tie after which the rest may differ.
+            follows_single_run(&gpu, &cpu);
+            if gpu["choices"][0]["text"] != cpu_text {
+                eprintln!("-ngl {ngl}, {prompt:?}: parted at a near-tie: {}", gpu["choices"][0]["text"]);
+            }
+        }
+    }
+}
+
+#[test]
+fn the_layers_really_go_to_the_device() {
+    let out = on_lavapipe(&["Hi", "-ngl", "99", "--max-tokens", "1", "--verbose"]).run();
+    out.ok();
+    assert!(
+        out.stderr.contains("offloaded 19/19 layers to GPU"),
+        "llama.cpp's log should say so: {}",
+        out.stderr
+    );
+}
+
+#[test]
+fn without_a_vulkan_device_it_runs_on_the_cpu_and_says_so() {
+    let out = cmpl(&["The capital of France is", "--max-tokens", "24", "--temperature", "0"])
+        .env("VK_ICD_FILENAMES", "/nonexistent/icd.json")
+        .run();
+    assert_eq!(out.ok(), format!("{}\n", CASES[0].1));
+    assert_eq!(out.stderr, "cmpl: no GPU device found; running on the CPU (-ngl 0 silences this)\n");
+    let quiet = cmpl(&["Hi", "-ngl", "0", "--max-tokens", "1"])
+        .env("VK_ICD_FILENAMES", "/nonexistent/icd.json")
+        .run();
+    assert_eq!(quiet.stderr, "");
+}
