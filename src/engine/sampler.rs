@@ -74,15 +74,11 @@ impl Draw {
     }
 }
 
-/// The first most likely token, as llama.cpp's greedy sampler picks it.
+/// The first most likely token, as llama.cpp's greedy sampler picks it: a
+/// vectorized maximum, then the first token that has it (NaN never wins).
 fn argmax(logits: &[f32]) -> LlamaToken {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
-        }
-    }
-    LlamaToken(best as i32)
+    let max = super::vector::max(logits);
+    LlamaToken(logits.iter().position(|&l| l == max).unwrap_or(0) as i32)
 }
 
 /// The penalties and logit biases, computed as llama.cpp's `penalties` then
@@ -296,5 +292,13 @@ mod tests {
                 "case {case}"
             );
         }
+    }
+    #[test]
+    fn argmax_takes_the_first_maximum_and_skips_nan() {
+        assert_eq!(argmax(&[1.0, 3.0, 2.0, 3.0]), LlamaToken(1));
+        assert_eq!(argmax(&[f32::NAN, -1.0, f32::NAN, 0.5]), LlamaToken(3));
+        assert_eq!(argmax(&[f32::NEG_INFINITY; 3]), LlamaToken(0));
+        let long: Vec<f32> = (0..1000).map(|i| ((i * 37) % 101) as f32).collect();
+        assert_eq!(argmax(&long), LlamaToken(30)); // 37 * 30 = 1110 = 10 * 101 + 100
     }
 }

@@ -190,7 +190,9 @@ impl Run<'_> {
         let mut ready: Vec<(Prompted, i32)> = Vec::new();
         batch.clear();
         for (index, job) in jobs {
-            let seqs: Vec<i32> = (0..job.request.n).filter_map(|_| self.free_seqs.pop()).collect();
+            let seqs: Vec<i32> = (0..job.request.n)
+                .filter_map(|_| self.free_seqs.pop())
+                .collect();
             self.free_cells -= job.cells();
             let echo = job.request.echo;
             // With echo, every prompt token is reported; with logprobs too, each
