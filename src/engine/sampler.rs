@@ -235,7 +235,7 @@ mod tests {
                     .map(|id| (id as i32, adjusted[id as usize] / s.temperature)),
             );
 
-            let mut chain = llama_chain(&s, n_vocab as i32);
+            let mut chain = llama_chain(&s, n_vocab);
             chain.accept_many(&history);
             let mut theirs = LlamaTokenDataArray::from_iter(
                 logits
@@ -275,7 +275,7 @@ mod tests {
                     min_p: 0.0,
                     ..s.clone()
                 },
-                n_vocab as i32,
+                n_vocab,
             );
             greedy.accept_many(&history);
             let mut array = LlamaTokenDataArray::from_iter(
