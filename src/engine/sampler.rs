@@ -50,11 +50,11 @@ impl SamplerChain {
     /// Draws from output `idx` of the last decode and records the token.
     pub fn sample(&mut self, ctx: &LlamaContext, idx: i32) -> LlamaToken {
         let raw = ctx.get_logits_ith(idx);
-        let logits = match &mut self.adjust {
-            Some(adjust) => adjust.apply(raw),
-            None => raw,
+        let token = match (&mut self.adjust, &mut self.draw) {
+            (None, draw) => draw.pick(raw),
+            (Some(adjust), Draw::Greedy) => adjust.argmax(raw),
+            (Some(adjust), draw) => draw.pick(adjust.apply(raw)),
         };
-        let token = self.draw.pick(logits);
         if let Some(adjust) = &mut self.adjust {
             adjust.accept(token);
         }
@@ -121,6 +121,46 @@ impl Adjust {
         }
     }
 
+    /// The argmax of the adjusted logits without copying them: the raw
+    /// argmax, unless a touched token beats it (or it is touched itself).
+    fn argmax(&mut self, raw: &[f32]) -> LlamaToken {
+        let top = argmax(raw).0 as usize;
+        let touched = |id: usize| {
+            self.bias.iter().any(|&(b, _)| b == id) || self.seen.contains_key(&(id as i32))
+        };
+        if touched(top) {
+            return argmax(self.apply(raw));
+        }
+        let mut best = (raw[top], top);
+        let ids = self
+            .bias
+            .iter()
+            .map(|&(id, _)| id)
+            .chain(self.seen.keys().map(|&id| id as usize));
+        for id in ids {
+            let Some(l) = self.adjusted(raw, id) else {
+                continue;
+            };
+            // The first maximum wins, as in `argmax`.
+            if l > best.0 || (l == best.0 && id < best.1) {
+                best = (l, id);
+            }
+        }
+        LlamaToken(best.1 as i32)
+    }
+
+    /// One token's adjusted logit, computed as `apply` computes it.
+    fn adjusted(&self, raw: &[f32], id: usize) -> Option<f32> {
+        let mut l = *raw.get(id)?;
+        if let Some(&count) = self.seen.get(&(id as i32)) {
+            l = penalize(self.repeat, self.frequency, self.presence, l, count);
+        }
+        for &(_, bias) in self.bias.iter().filter(|&&(b, _)| b == id) {
+            l += bias;
+        }
+        Some(l)
+    }
+
     fn apply(&mut self, raw: &[f32]) -> &[f32] {
         self.logits.clear();
         self.logits.extend_from_slice(raw);
@@ -128,13 +168,7 @@ impl Adjust {
             let Some(l) = self.logits.get_mut(id as usize) else {
                 continue;
             };
-            // Dividing a negative logit would make the token likelier.
-            if *l <= 0.0 {
-                *l *= self.repeat;
-            } else {
-                *l /= self.repeat;
-            }
-            *l -= count as f32 * self.frequency + self.presence;
+            *l = penalize(self.repeat, self.frequency, self.presence, *l, count);
         }
         for &(id, bias) in &self.bias {
             if let Some(l) = self.logits.get_mut(id) {
@@ -143,6 +177,13 @@ impl Adjust {
         }
         &self.logits
     }
+}
+
+/// llama.cpp's penalties on one logit seen `count` times.
+fn penalize(repeat: f32, frequency: f32, presence: f32, l: f32, count: u32) -> f32 {
+    // Dividing a negative logit would make the token likelier.
+    let l = if l <= 0.0 { l * repeat } else { l / repeat };
+    l - (count as f32 * frequency + presence)
 }
 
 #[cfg(test)]
@@ -286,11 +327,19 @@ mod tests {
                 false,
             );
             array.apply_sampler(&mut greedy);
-            assert_eq!(
-                argmax(&adjusted),
-                array.sample_token_greedy(),
-                "case {case}"
-            );
+            let theirs = array.sample_token_greedy();
+            assert_eq!(argmax(&adjusted), theirs, "case {case}");
+            // The copy-free greedy path picks the same token.
+            let mut fast = Adjust::new(&s).unwrap();
+            history.iter().for_each(|&t| fast.accept(t));
+            assert_eq!(fast.argmax(&logits), theirs, "case {case}");
+            // Also when a touched token is the raw argmax.
+            let mut peaked = logits.clone();
+            peaked[history[0].0 as usize] = 50.0;
+            let mut fresh = Adjust::new(&s).unwrap();
+            history.iter().for_each(|&t| fresh.accept(t));
+            let copied = argmax(fresh.apply(&peaked));
+            assert_eq!(fresh.argmax(&peaked), copied, "case {case}");
         }
     }
     #[test]
