@@ -340,7 +340,15 @@ fn quants_are_chosen_as_llama_cpp_chooses_them() {
         "cmpl-test/no-gguf",
         vec![HubFile::text("README.md", scratch.path())],
     );
-    let hub = StandInHub::start(vec![repo, empty], Fault::None);
+    // A hostile hub's names that would leave the cache folder are not files.
+    let evil = HubRepo::new(
+        "cmpl-test/evil",
+        vec![
+            HubFile::new("../../../../escaped-Q4_K_M.gguf", &model),
+            HubFile::new("/tmp/absolute-Q4_K_M.gguf", &model),
+        ],
+    );
+    let hub = StandInHub::start(vec![repo, empty, evil], Fault::None);
     let resolved = |name: &str| {
         let before = hub.seen().len();
         let out = on(
@@ -378,6 +386,16 @@ fn quants_are_chosen_as_llama_cpp_chooses_them() {
     )
     .run()
     .fails(1, "cmpl-test/no-gguf at http://127.0.0.1:");
+    on(&hub, cache.path(), &["-m", "hf.co/cmpl-test/evil", PROMPT])
+        .run()
+        .fails(1, "cmpl-test/evil at http://127.0.0.1:");
+    assert!(!cache
+        .path()
+        .parent()
+        .unwrap()
+        .join("escaped-Q4_K_M.gguf")
+        .exists());
+    assert_eq!(blobs(cache.path(), "cmpl-test/evil"), Vec::<String>::new());
 }
 
 /// The test model split in two by llama.cpp's own llama-gguf-split.

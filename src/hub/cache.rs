@@ -96,11 +96,18 @@ impl Cache {
         // snapshots/COMMIT/[dirs/]FILE → ../../[../]blobs/ETAG
         let up = "../".repeat(2 + file.matches('/').count());
         let target = PathBuf::from(format!("{up}blobs/{etag}"));
-        let _ = std::fs::remove_file(&path);
+        if std::fs::read_link(&path).is_ok_and(|t| t == target) {
+            return Ok(path);
+        }
+        // Made aside and renamed over: a process linking the same file at
+        // the same moment never finds it missing.
+        let tmp = path.with_file_name(format!(".{etag}.{}.link", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
         #[cfg(unix)]
-        std::os::unix::fs::symlink(&target, &path)?;
+        std::os::unix::fs::symlink(&target, &tmp)?;
         #[cfg(not(unix))]
-        std::fs::copy(self.blob(repo, etag), &path).map(|_| ())?;
+        std::fs::copy(self.blob(repo, etag), &tmp).map(|_| ())?;
+        std::fs::rename(&tmp, &path)?;
         Ok(path)
     }
 

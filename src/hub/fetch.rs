@@ -97,17 +97,19 @@ impl Hub {
             )
         })?;
         let commit = info["sha"].as_str().unwrap_or("").to_string();
-        if commit.is_empty() || commit.contains(['/', '\\', '.']) {
+        if !is_plain_name(&commit) {
             return Err(CmplError::new(
                 ErrorKind::Unavailable,
                 format!("{url}: the model info names no commit (`sha`)"),
             ));
         }
+        // A name that could leave the cache folder is not a file we fetch.
         let files = info["siblings"]
             .as_array()
             .map(|s| {
                 s.iter()
                     .filter_map(|f| f["rfilename"].as_str())
+                    .filter(|f| is_relative_name(f))
                     .map(str::to_string)
                     .collect()
             })
@@ -119,7 +121,11 @@ impl Hub {
     /// redirects (a renamed repository) but not one to another host: that
     /// one is where the bytes are.
     fn locate(&self, repo: &str, commit: &str, file: &str) -> Result<Located> {
-        let mut url = format!("{}/{repo}/resolve/{commit}/{file}", self.endpoint);
+        let mut url = format!(
+            "{}/{repo}/resolve/{commit}/{}",
+            self.endpoint,
+            encode_path(file)
+        );
         for _ in 0..5 {
             let response = self.call(self.api.head(&url), true)?;
             let header = |name: &str| {
@@ -146,7 +152,7 @@ impl Hub {
             let etag = header("x-linked-etag")
                 .or_else(|| header("etag"))
                 .map(|e| e.trim_start_matches("W/").trim_matches('"').to_string());
-            let Some(etag) = etag.filter(|e| !e.is_empty() && !e.contains(['/', '\\', '.'])) else {
+            let Some(etag) = etag.filter(|e| is_plain_name(e)) else {
                 return Err(CmplError::new(
                     ErrorKind::Unavailable,
                     format!("{url}: the hub sent no etag for {file}"),
@@ -217,13 +223,17 @@ impl Hub {
         }
         let bar = Progress::new(file, located.size, have);
         let mut failures = 0;
+        // The furthest the file has got: only getting further earns fresh tries.
+        let mut furthest = have;
         while located.size.is_none_or(|size| have < size) {
-            let before = have;
             let error = match self.receive(located, &mut out, &mut hash, &mut have, &bar) {
                 Ok(Received::Done) => break,
                 Ok(Received::Restart) => {
                     (out, hash, have) = restart(&partial)?;
-                    continue;
+                    CmplError::new(
+                        ErrorKind::Unavailable,
+                        format!("the hub ignored a Range request for {file}"),
+                    )
                 }
                 Ok(Received::More) => CmplError::new(
                     ErrorKind::Unavailable,
@@ -232,8 +242,8 @@ impl Hub {
                 Err(e) if e.kind == ErrorKind::Interrupted => return Err(e),
                 Err(e) => e,
             };
-            // A connection that delivered something earns fresh tries.
-            failures = if have > before { 1 } else { failures + 1 };
+            failures = if have > furthest { 1 } else { failures + 1 };
+            furthest = furthest.max(have);
             if failures >= TRIES {
                 return Err(CmplError::new(
                     error.kind,
@@ -247,7 +257,8 @@ impl Hub {
             std::thread::sleep(Duration::from_millis(250 << failures));
         }
         bar.finish();
-        out.flush().map_err(|e| io_error(&partial, e))?;
+        // On disk before it is named whole: a blob's presence means done.
+        out.sync_all().map_err(|e| io_error(&partial, e))?;
         drop(out);
         let digest = hex(&hash.finalize());
         let fail = |why: String| {
@@ -421,6 +432,37 @@ fn io_error(path: &std::path::Path, e: std::io::Error) -> CmplError {
 fn origin(url: &str) -> &str {
     let after = url.find("://").map_or(0, |i| i + 3);
     url[after..].find('/').map_or(url, |i| &url[..after + i])
+}
+
+/// A file's path in a URL: each byte outside the unreserved set, except
+/// `/`, percent-encoded (a GGUF name may hold spaces).
+fn encode_path(file: &str) -> String {
+    file.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A commit or etag: used as a file name, so letters, digits, `-`, `_` only.
+fn is_plain_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// A file's path in the repository that stays inside the folder it is joined to.
+fn is_relative_name(name: &str) -> bool {
+    !name.contains('\\')
+        && name
+            .split('/')
+            .all(|part| !part.is_empty() && part != "." && part != "..")
+        && std::path::Path::new(name)
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)))
 }
 
 fn is_sha256(etag: &str) -> bool {
