@@ -224,6 +224,17 @@ mod tests {
         LlamaSampler::chain_simple(stages)
     }
 
+    /// llama.cpp's candidate list for `logits`.
+    fn candidates(logits: &[f32]) -> LlamaTokenDataArray {
+        LlamaTokenDataArray::from_iter(
+            logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| LlamaTokenData::new(LlamaToken(i as i32), l, 0.0)),
+            false,
+        )
+    }
+
     /// The distribution a chain leaves: (token, probability), likeliest first.
     fn distribution(pairs: impl Iterator<Item = (i32, f32)>) -> Vec<(i32, f64)> {
         let mut v: Vec<(i32, f64)> = pairs.map(|(id, l)| (id, f64::from(l))).collect();
@@ -278,13 +289,7 @@ mod tests {
 
             let mut chain = llama_chain(&s, n_vocab);
             chain.accept_many(&history);
-            let mut theirs = LlamaTokenDataArray::from_iter(
-                logits
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &l)| LlamaTokenData::new(LlamaToken(i as i32), l, 0.0)),
-                false,
-            );
+            let mut theirs = candidates(&logits);
             theirs.apply_sampler(&mut chain);
             let theirs = distribution(theirs.data.iter().map(|d| (d.id().0, d.logit())));
 
@@ -319,13 +324,7 @@ mod tests {
                 n_vocab,
             );
             greedy.accept_many(&history);
-            let mut array = LlamaTokenDataArray::from_iter(
-                logits
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &l)| LlamaTokenData::new(LlamaToken(i as i32), l, 0.0)),
-                false,
-            );
+            let mut array = candidates(&logits);
             array.apply_sampler(&mut greedy);
             let theirs = array.sample_token_greedy();
             assert_eq!(argmax(&adjusted), theirs, "case {case}");

@@ -322,31 +322,13 @@ fn send_bytes(stream: &mut TcpStream, seen: &HubSeen, shared: &Shared, stop: &At
 }
 
 fn read_head(reader: &mut impl BufRead, cdn: bool) -> Option<HubSeen> {
-    let mut line = String::new();
-    reader.read_line(&mut line).ok()?;
-    let mut parts = line.split_whitespace();
-    let (method, path) = (parts.next()?.to_string(), parts.next()?.to_string());
-    let (mut range, mut authorization) = (None, None);
-    loop {
-        line.clear();
-        reader.read_line(&mut line).ok()?;
-        let header = line.trim_end();
-        if header.is_empty() {
-            break;
-        }
-        let (name, value) = header.split_once(':')?;
-        match name.to_ascii_lowercase().as_str() {
-            "range" => range = Some(value.trim().to_string()),
-            "authorization" => authorization = Some(value.trim().to_string()),
-            _ => {}
-        }
-    }
+    let head = super::standin::read_head(reader)?;
     Some(HubSeen {
         cdn,
-        method,
-        path,
-        range,
-        authorization,
+        range: head.header("range"),
+        authorization: head.header("authorization"),
+        method: head.method,
+        path: head.path,
     })
 }
 

@@ -110,32 +110,57 @@ impl StandIn {
     }
 }
 
-fn read_request(reader: &mut impl BufRead) -> Option<Seen> {
+/// A request's first line and headers (names lowercased), read up to the
+/// blank line: for this stand-in and the hub's.
+pub struct Head {
+    pub method: String,
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+}
+
+impl Head {
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+    }
+}
+
+pub fn read_head(reader: &mut impl BufRead) -> Option<Head> {
     let mut line = String::new();
     reader.read_line(&mut line).ok()?;
     let mut parts = line.split_whitespace();
     let (method, path) = (parts.next()?.to_string(), parts.next()?.to_string());
-    let (mut length, mut authorization) = (0usize, None);
+    let mut headers = Vec::new();
     loop {
         line.clear();
         reader.read_line(&mut line).ok()?;
         let header = line.trim_end();
         if header.is_empty() {
-            break;
+            return Some(Head {
+                method,
+                path,
+                headers,
+            });
         }
         let (name, value) = header.split_once(':')?;
-        match name.to_ascii_lowercase().as_str() {
-            "content-length" => length = value.trim().parse().ok()?,
-            "authorization" => authorization = Some(value.trim().to_string()),
-            _ => {}
-        }
+        headers.push((name.to_ascii_lowercase(), value.trim().to_string()));
     }
+}
+
+fn read_request(reader: &mut impl BufRead) -> Option<Seen> {
+    let head = read_head(reader)?;
+    let length: usize = match head.header("content-length") {
+        Some(n) => n.parse().ok()?,
+        None => 0,
+    };
     let mut body = vec![0u8; length.min(1 << 20)];
     reader.read_exact(&mut body).ok()?;
     Some(Seen {
-        method,
-        path,
-        authorization,
+        authorization: head.header("authorization"),
+        method: head.method,
+        path: head.path,
         body: String::from_utf8_lossy(&body).into_owned(),
     })
 }
