@@ -87,11 +87,10 @@ fn argmax(logits: &[f32]) -> LlamaToken {
 /// rest of the vocabulary is one copy of the logits, where llama.cpp's chain
 /// builds and walks a candidate list (72 against 50 tokens/s before).
 struct Adjust {
-    repeat: f32,
-    frequency: f32,
-    presence: f32,
-    /// Each token seen so far (prompt and output) and how often. llama.cpp's
-    /// window is the whole context here, so nothing ever leaves it.
+    penalties: Option<Penalties>,
+    /// With penalties, each token seen so far (prompt and output) and how
+    /// often. llama.cpp's window is the whole context here, so nothing ever
+    /// leaves it.
     seen: HashMap<i32, u32>,
     bias: Vec<(usize, f32)>,
     logits: Vec<f32>,
@@ -102,9 +101,11 @@ impl Adjust {
         let penalized =
             s.repetition_penalty != 1.0 || s.presence_penalty != 0.0 || s.frequency_penalty != 0.0;
         (penalized || !s.logit_bias.is_empty()).then(|| Adjust {
-            repeat: s.repetition_penalty,
-            frequency: s.frequency_penalty,
-            presence: s.presence_penalty,
+            penalties: penalized.then_some(Penalties {
+                repeat: s.repetition_penalty,
+                frequency: s.frequency_penalty,
+                presence: s.presence_penalty,
+            }),
             seen: HashMap::new(),
             bias: s
                 .logit_bias
@@ -116,7 +117,7 @@ impl Adjust {
     }
 
     fn accept(&mut self, token: LlamaToken) {
-        if self.repeat != 1.0 || self.frequency != 0.0 || self.presence != 0.0 {
+        if self.penalties.is_some() {
             *self.seen.entry(token.0).or_default() += 1;
         }
     }
@@ -152,8 +153,8 @@ impl Adjust {
     /// One token's adjusted logit, computed as `apply` computes it.
     fn adjusted(&self, raw: &[f32], id: usize) -> Option<f32> {
         let mut l = *raw.get(id)?;
-        if let Some(&count) = self.seen.get(&(id as i32)) {
-            l = penalize(self.repeat, self.frequency, self.presence, l, count);
+        if let (Some(p), Some(&count)) = (&self.penalties, self.seen.get(&(id as i32))) {
+            l = p.apply(l, count);
         }
         for &(_, bias) in self.bias.iter().filter(|&&(b, _)| b == id) {
             l += bias;
@@ -164,11 +165,12 @@ impl Adjust {
     fn apply(&mut self, raw: &[f32]) -> &[f32] {
         self.logits.clear();
         self.logits.extend_from_slice(raw);
-        for (&id, &count) in &self.seen {
-            let Some(l) = self.logits.get_mut(id as usize) else {
-                continue;
-            };
-            *l = penalize(self.repeat, self.frequency, self.presence, *l, count);
+        if let Some(p) = &self.penalties {
+            for (&id, &count) in &self.seen {
+                if let Some(l) = self.logits.get_mut(id as usize) {
+                    *l = p.apply(*l, count);
+                }
+            }
         }
         for &(id, bias) in &self.bias {
             if let Some(l) = self.logits.get_mut(id) {
@@ -179,11 +181,24 @@ impl Adjust {
     }
 }
 
-/// llama.cpp's penalties on one logit seen `count` times.
-fn penalize(repeat: f32, frequency: f32, presence: f32, l: f32, count: u32) -> f32 {
-    // Dividing a negative logit would make the token likelier.
-    let l = if l <= 0.0 { l * repeat } else { l / repeat };
-    l - (count as f32 * frequency + presence)
+/// llama.cpp's repetition, frequency and presence penalties.
+struct Penalties {
+    repeat: f32,
+    frequency: f32,
+    presence: f32,
+}
+
+impl Penalties {
+    /// One logit of a token seen `count` times.
+    fn apply(&self, l: f32, count: u32) -> f32 {
+        // Dividing a negative logit would make the token likelier.
+        let l = if l <= 0.0 {
+            l * self.repeat
+        } else {
+            l / self.repeat
+        };
+        l - (count as f32 * self.frequency + self.presence)
+    }
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use crate::error::{CmplError, ErrorKind, Result};
 use crate::signal::INTERRUPTED;
 use sha2::{Digest, Sha256};
 use std::fs::{File, OpenOptions};
-use std::io::{IsTerminal, Read, Seek, Write};
+use std::io::{IsTerminal, Read, Write};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -128,13 +128,7 @@ impl Hub {
         );
         for _ in 0..5 {
             let response = self.call(self.api.head(&url), true)?;
-            let header = |name: &str| {
-                response
-                    .headers()
-                    .get(name)
-                    .and_then(|v| v.to_str().ok())
-                    .map(|v| v.trim().to_string())
-            };
+            let header = |name: &str| header(&response, name).map(|v| v.trim().to_string());
             let status = response.status().as_u16();
             let location = header("location");
             if (300..400).contains(&status) {
@@ -161,11 +155,8 @@ impl Hub {
             let size = header("x-linked-size")
                 .or_else(|| header("content-length").filter(|_| status == 200))
                 .and_then(|s| s.parse().ok());
-            let url = match location.filter(|_| status != 200) {
-                Some(to) if to.starts_with('/') => format!("{}{to}", origin(&url)),
-                Some(to) => to,
-                None => url,
-            };
+            // Relative redirects were followed above: this one is absolute.
+            let url = location.filter(|_| status != 200).unwrap_or(url);
             let same_host = origin(&url) == origin(&self.endpoint);
             return Ok(Located {
                 etag,
@@ -305,10 +296,7 @@ impl Hub {
             200 if *have > 0 => return Ok(Received::Restart),
             200 => {}
             206 => {
-                let start = response
-                    .headers()
-                    .get("content-range")
-                    .and_then(|v| v.to_str().ok())
+                let start = header(&response, "content-range")
                     .and_then(|v| v.strip_prefix("bytes "))
                     .and_then(|v| v.split('-').next())
                     .and_then(|v| v.parse::<u64>().ok());
@@ -331,8 +319,8 @@ impl Hub {
         let mut body = response.body_mut().as_reader();
         let mut buf = vec![0u8; 1 << 20];
         loop {
+            // What was written stays for the next run to resume.
             if INTERRUPTED.load(Ordering::Relaxed) {
-                let _ = out.flush();
                 return Err(CmplError::interrupted());
             }
             let n = body.read(&mut buf).map_err(|e| {
@@ -368,11 +356,7 @@ impl Hub {
         repo: &str,
         file: Option<&str>,
     ) -> CmplError {
-        let code = response
-            .headers()
-            .get("x-error-code")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
+        let code = header(response, "x-error-code").unwrap_or("");
         let status = response.status().as_u16();
         let page = format!("{}/{repo}", self.endpoint);
         let token_hint = if self.token.is_some() {
@@ -410,18 +394,14 @@ enum Received {
     Restart,
 }
 
+/// The partial file emptied, to be written again from its first byte.
 fn restart(partial: &std::path::Path) -> Result<(File, Sha256, u64)> {
-    let out = OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .read(true)
-        .open(partial)
-        .map_err(|e| io_error(partial, e))?;
-    let mut out = out;
-    out.seek(std::io::SeekFrom::Start(0))
-        .map_err(|e| io_error(partial, e))?;
+    let out = File::create(partial).map_err(|e| io_error(partial, e))?;
     Ok((out, Sha256::new(), 0))
+}
+
+fn header<'r>(response: &'r ureq::http::Response<ureq::Body>, name: &str) -> Option<&'r str> {
+    response.headers().get(name).and_then(|v| v.to_str().ok())
 }
 
 fn io_error(path: &std::path::Path, e: std::io::Error) -> CmplError {

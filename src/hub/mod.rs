@@ -110,9 +110,10 @@ pub fn resolve(name: &HubName, given: &str) -> Result<PathBuf> {
     }
     let endpoint = std::env::var("HF_ENDPOINT")
         .ok()
-        .filter(|e| !e.trim().is_empty())
+        .map(|e| e.trim().to_string())
+        .filter(|e| !e.is_empty())
         .unwrap_or_else(|| "https://huggingface.co".to_string());
-    let hub = Hub::new(endpoint.trim(), token());
+    let hub = Hub::new(&endpoint, token());
     let listing = match hub.list(&name.repo) {
         Ok(listing) => listing,
         Err(e) if e.kind == ErrorKind::Unavailable => {
@@ -136,11 +137,9 @@ pub fn resolve(name: &HubName, given: &str) -> Result<PathBuf> {
     let files = select::choose(&listing.files, name.quant.as_deref())
         .map_err(|m| missing(m, name, hub.endpoint()))?;
     let snapshot = cache.snapshot(&name.repo, &listing.commit);
-    // Already here at this commit: no further request.
-    if !files.iter().all(|f| snapshot.join(f).is_file()) {
-        for file in &files {
-            hub.fetch(&cache, &name.repo, &listing.commit, file)?;
-        }
+    // What is already here at this commit costs no further request.
+    for file in files.iter().filter(|f| !snapshot.join(f).is_file()) {
+        hub.fetch(&cache, &name.repo, &listing.commit, file)?;
     }
     cache
         .set_commit(&name.repo, "main", &listing.commit)
@@ -161,18 +160,16 @@ fn cached(cache: &Cache, name: &HubName) -> Option<PathBuf> {
 
 fn missing(m: Missing, name: &HubName, endpoint: &str) -> CmplError {
     let repo = &name.repo;
+    let quant = name.quant.as_deref().unwrap_or("");
     CmplError::model(match m {
         Missing::NoGguf => {
             format!("{repo} at {endpoint} has no GGUF file; cmpl loads GGUF models only")
         }
         Missing::NoQuant(have) if have.is_empty() => format!(
-            "{repo} has no GGUF for quant `{}`, and its files name no quant: leave `:{}` out",
-            name.quant.as_deref().unwrap_or(""),
-            name.quant.as_deref().unwrap_or("")
+            "{repo} has no GGUF for quant `{quant}`, and its files name no quant: leave `:{quant}` out"
         ),
         Missing::NoQuant(have) => format!(
-            "{repo} has no GGUF for quant `{}`; it has: {} (write hf.co/{repo}:{})",
-            name.quant.as_deref().unwrap_or(""),
+            "{repo} has no GGUF for quant `{quant}`; it has: {} (write hf.co/{repo}:{})",
             have.join(", "),
             have[0]
         ),

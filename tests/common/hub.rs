@@ -332,9 +332,20 @@ fn read_head(reader: &mut impl BufRead, cdn: bool) -> Option<HubSeen> {
     })
 }
 
+/// A file's sha256, hashed once per test process (the test model is 253 MB
+/// and every repository the tests build serves it).
 pub fn sha256_of(path: &std::path::Path) -> String {
     use sha2::Digest;
+    static KNOWN: Mutex<Vec<(PathBuf, String)>> = Mutex::new(Vec::new());
+    if let Some((_, sha)) = KNOWN.lock().unwrap().iter().find(|(p, _)| p == path) {
+        return sha.clone();
+    }
     let mut hash = sha2::Sha256::new();
     std::io::copy(&mut std::fs::File::open(path).unwrap(), &mut hash).unwrap();
-    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    let sha: String = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    KNOWN
+        .lock()
+        .unwrap()
+        .push((path.to_path_buf(), sha.clone()));
+    sha
 }
