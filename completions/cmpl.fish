@@ -22,7 +22,7 @@ complete -c cmpl -l prompt-file -d 'Read the prompt as plain text from FILE (\'-
 complete -c cmpl -l batch -d 'Answer a JSON Lines file of requests (stdin without FILE), one JSON line out per line in, in order, decoding the requests together. Exit 1 if any line failed. Lines with "stream": true get a whole response' -r -F
 complete -c cmpl -l parallel -d 'Sequences decoded together in --batch mode [default: 32, fewer if their KV cache would not fit]' -r
 complete -c cmpl -s t -l threads -d 'CPU threads, 1..1024 [default: physical cores]' -r
-complete -c cmpl -s c -l ctx-size -d 'KV cache size in tokens, shared by all choices [default: sized to the request]' -r
+complete -c cmpl -s c -l ctx-size -d 'KV cache size in tokens, shared by all choices; with --serve, split evenly among the --parallel slots [default: sized to the request; 4096 per slot]' -r
 complete -c cmpl -l n-gpu-layers -d 'Layers to offload to the GPU (also -ngl) [default: all, when built with a GPU backend]' -r
 complete -c cmpl -l serve -d 'Serve the completions API over HTTP at ADDR (host:port, or a port on 127.0.0.1) [default: 127.0.0.1:8337]; another address needs CMPL_API_KEY' -r
 complete -c cmpl -l base-url -d 'Send requests to a server\'s completions API at this root (http://127.0.0.1:8080/v1) instead of running a local model [default: $CMPL_BASE_URL]' -r

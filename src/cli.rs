@@ -179,7 +179,8 @@ pub struct Cli {
     #[arg(short = 't', long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024), help_heading = "Runtime")]
     pub threads: Option<u32>,
 
-    /// KV cache size in tokens, shared by all choices [default: sized to the request].
+    /// KV cache size in tokens, shared by all choices; with --serve, split evenly
+    /// among the --parallel slots [default: sized to the request; 4096 per slot].
     #[arg(short = 'c', long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..), help_heading = "Runtime")]
     pub ctx_size: Option<u32>,
 

@@ -21,14 +21,20 @@ fn stable(mut v: Value) -> Value {
 #[test]
 fn answers_exactly_what_the_command_line_prints() {
     let server = Served::start(&[], &[]);
-    for prompt in [FRANCE, "def fibonacci(n):"] {
-        let request = json!({"prompt": prompt, "max_tokens": 12, "temperature": 0, "seed": 4, "logprobs": 2, "echo": true});
+    // Several choices: the server copies the prompt's cells to each choice's
+    // own slot, the command line shares them; the answers are the same.
+    for request in [
+        json!({"prompt": FRANCE, "max_tokens": 12, "temperature": 0, "seed": 4, "logprobs": 2, "echo": true}),
+        json!({"prompt": "def fibonacci(n):", "max_tokens": 12, "temperature": 0, "seed": 4, "logprobs": 2, "echo": true}),
+        json!({"prompt": "Once upon a time", "max_tokens": 10, "temperature": 0.9, "seed": 7, "n": 3, "logprobs": 1, "echo": true}),
+        json!({"prompt": FRANCE, "max_tokens": 10, "temperature": 0.7, "seed": 2, "n": 2}),
+    ] {
         let (status, body) = server.post(&request.to_string());
         assert_eq!(status, 200, "{body}");
         let served: Value = serde_json::from_str(&body).unwrap();
         assert_valid("CompletionResponse", &served);
         let local = cmpl(&["--json"]).stdin(request.to_string()).run();
-        assert_eq!(stable(served), stable(local.json()), "prompt {prompt:?}");
+        assert_eq!(stable(served), stable(local.json()), "{request}");
     }
     // A stream: the same events as --stream --json.
     let request =
@@ -173,6 +179,34 @@ fn a_client_that_leaves_frees_its_slot() {
     assert!(
         log.contains(" 499 "),
         "the cancelled request is logged: {log}"
+    );
+}
+
+#[test]
+fn each_slot_holds_its_share_of_the_context() {
+    // 512 cells over 2 slots: 256 for each choice, its prompt included.
+    let server = Served::start(&["--parallel", "2", "-c", "512"], &[]);
+    let request = json!({"prompt": "1, 2, 3,", "max_tokens": 1000, "temperature": 0, "n": 2});
+    let (status, body) = server.post(&request.to_string());
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        v["usage"]["total_tokens"],
+        2 * 256 - v["usage"]["prompt_tokens"].as_u64().unwrap(),
+        "{body}"
+    );
+    for choice in v["choices"].as_array().unwrap() {
+        assert_eq!(choice["finish_reason"], "length");
+    }
+    let long = "one two three four five six seven eight nine ten ".repeat(30);
+    let (status, body) = server.post(&json!({"prompt": long, "max_tokens": 4}).to_string());
+    assert_eq!(status, 400, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["param"], "prompt");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("tokens and a slot (--ctx-size over --parallel) holds 256, which leaves no room to generate; shorten the prompt or raise --ctx-size"),
+        "{message}"
     );
 }
 

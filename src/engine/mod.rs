@@ -18,7 +18,7 @@ use crate::request::Request;
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
-use scheduler::Fed;
+use scheduler::{Fed, Layout};
 use std::sync::atomic::AtomicBool;
 
 /// Sequences decoded together when `--parallel` is not given (fewer when
@@ -65,9 +65,20 @@ struct Job {
     token_logprob: bool,
 }
 
+/// What bounds a job's KV cells besides the model's window.
+#[derive(Clone, Copy)]
+enum Cells {
+    /// Nothing: the context is sized to the jobs.
+    Any,
+    /// A pool of this many (--ctx-size), shared by a job's choices.
+    Pool(u32),
+    /// This many for each choice: a server slot's own stream.
+    Slot(u32),
+}
+
 impl Job {
-    /// KV cache cells the job holds while it runs: the prompt once, shared by
-    /// all choices, plus each choice's own tokens.
+    /// KV cache cells the job holds while it runs in a shared pool: the
+    /// prompt once, shared by all choices, plus each choice's own tokens.
     fn cells(&self) -> u32 {
         self.tokens.len() as u32 + self.request.n * self.budget
     }
@@ -83,7 +94,8 @@ impl Backend for Engine {
     ) -> Result<()> {
         let mut jobs = Vec::with_capacity(requests.len());
         for (index, request) in requests.into_iter().enumerate() {
-            match self.prepare(request, opts) {
+            let cells = opts.ctx_size.map_or(Cells::Any, Cells::Pool);
+            match self.prepare(request, cells, opts.token_logprobs) {
                 Ok(job) => jobs.push((index, job)),
                 Err(error) => sink(Event::Rejected { job: index, error })?,
             }
@@ -108,8 +120,7 @@ impl Backend for Engine {
         self.decode_all(
             jobs,
             &mut |_, _| Ok(Fed::Closed),
-            slots,
-            cells,
+            (slots, cells, Layout::Shared),
             interrupted,
             sink,
         )
@@ -132,9 +143,11 @@ const SERVE_CELLS_PER_SLOT: u32 = 4096;
 impl Engine {
     /// Serves requests as `next` hands them over (it waits for one only when
     /// its flag says the engine is idle), numbering them 0, 1, 2… in arrival
-    /// order, in `parallel` slots over one context, until `next` closes and
-    /// every request is done. A request is admitted as slots free up, as in
-    /// `--batch`.
+    /// order, in `parallel` slots of an equal share of the context's cells
+    /// each (a slot's attention spans its own cells only, as llama-server's
+    /// `-np` slots: independent requests decode faster than in one shared
+    /// pool), until `next` closes and every request is done. A request is
+    /// admitted as slots free up, as in `--batch`.
     pub fn serve(
         &self,
         parallel: u32,
@@ -156,17 +169,18 @@ impl Engine {
             };
             let job = index;
             index += 1;
-            let opts = RunOptions {
-                ctx_size: Some(cells),
-                token_logprobs,
-                ..RunOptions::default()
-            };
-            match self.prepare(request, &opts) {
+            match self.prepare(request, Cells::Slot(cells / parallel), token_logprobs) {
                 Ok(prepared) => return Ok(Fed::Job(job, Box::new(prepared))),
                 Err(error) => sink(Event::Rejected { job, error })?,
             }
         };
-        self.decode_all(Vec::new(), &mut feed, parallel, cells, interrupted, sink)
+        self.decode_all(
+            Vec::new(),
+            &mut feed,
+            (parallel, cells, Layout::PerSlot),
+            interrupted,
+            sink,
+        )
     }
 }
 
@@ -261,10 +275,9 @@ impl Engine {
         tokens
     }
 
-    /// Checks `request` against this model and sizes it. `--ctx-size` caps
-    /// the KV cache; default: the model's training context.
-    fn prepare(&self, request: Request, opts: &RunOptions) -> Result<Job> {
-        let cells = opts.ctx_size;
+    /// Checks `request` against this model and sizes it to `cells` and the
+    /// model's training context.
+    fn prepare(&self, request: Request, cells: Cells, token_logprob: bool) -> Result<Job> {
         if let Some(named) = &request.model {
             if !self.model_ref.is(named) {
                 return Err(CmplError::invalid(
@@ -292,7 +305,15 @@ impl Engine {
             ));
         }
         let window = self.n_ctx_train();
-        let limit = cells.map_or(window, |c| c.min(window));
+        let (limit, holder, fix) = match cells {
+            Cells::Any => (window, "the model's context", ""),
+            Cells::Pool(c) => (c.min(window), "--ctx-size", " or raise --ctx-size"),
+            Cells::Slot(c) => (
+                c.min(window),
+                "a slot (--ctx-size over --parallel)",
+                " or raise --ctx-size",
+            ),
+        };
         // Tokenizing a huge prompt takes minutes; its byte length alone can
         // prove it too long (no token is longer than the longest vocab piece).
         let bytes = request.prompt.len();
@@ -300,8 +321,7 @@ impl Engine {
             let at_least = bytes / self.longest_piece();
             if at_least >= limit as usize {
                 return Err(CmplError::context(format!(
-                    "the prompt is {bytes} bytes, at least {at_least} tokens, and {} holds {limit}; shorten the prompt",
-                    if cells.is_some() { "--ctx-size" } else { "the model's context" }
+                    "the prompt is {bytes} bytes, at least {at_least} tokens, and {holder} holds {limit}; shorten the prompt"
                 ))
                 .with_param("prompt"));
             }
@@ -315,24 +335,19 @@ impl Engine {
             ));
         }
         let n_prompt = tokens.len() as u32;
-        // Each choice's positions end at the model's window; with --ctx-size,
-        // the choices also share that many KV cells after the prompt's.
+        // Each choice's positions end at the model's window (or its slot's
+        // end); in a pool, the choices also share the cells after the prompt's.
         let room = match cells {
-            Some(c) => {
-                (window.saturating_sub(n_prompt)).min(c.saturating_sub(n_prompt) / request.n)
-            }
-            None => window.saturating_sub(n_prompt),
+            Cells::Pool(c) => limit
+                .saturating_sub(n_prompt)
+                .min(c.saturating_sub(n_prompt) / request.n),
+            Cells::Any | Cells::Slot(_) => limit.saturating_sub(n_prompt),
         };
         if room == 0 {
-            let what = if cells.is_some() {
-                "--ctx-size"
-            } else {
-                "the model's context"
-            };
+            let pooled = matches!(cells, Cells::Pool(_)) && request.n > 1;
             return Err(CmplError::context(format!(
-                "the prompt is {n_prompt} tokens and {what} holds {limit}, which leaves no room to generate{}; shorten the prompt{}",
-                if request.n > 1 { format!(" {} choices", request.n) } else { String::new() },
-                if cells.is_some() { " or raise --ctx-size" } else { "" },
+                "the prompt is {n_prompt} tokens and {holder} holds {limit}, which leaves no room to generate{}; shorten the prompt{fix}",
+                if pooled { format!(" {} choices", request.n) } else { String::new() },
             ))
             .with_param("prompt"));
         }
@@ -342,7 +357,7 @@ impl Engine {
             budget: request.max_tokens.min(room),
             tokens,
             request,
-            token_logprob: opts.token_logprobs,
+            token_logprob,
         })
     }
 }

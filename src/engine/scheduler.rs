@@ -12,7 +12,7 @@ use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -37,6 +37,22 @@ struct ChoiceState {
     tokens: Vec<TokenInfo>,
 }
 
+/// How a run's KV cells are laid out among its sequences.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Layout {
+    /// One pool: a job's choices share its prompt's cells and one job may
+    /// take all of them, but every sequence's attention spans the cells of
+    /// all (llama.cpp's unified cache).
+    Shared,
+    /// An equal share of the cells per sequence, attended to by it alone
+    /// (one llama.cpp stream each): faster for many independent jobs. A
+    /// prompt is decoded on its job's first sequence and its stream copied
+    /// to the others'; llama.cpp then splits a batch into one pass per run
+    /// of consecutive sequence ids, so ids are taken lowest first and each
+    /// batch is ordered by them.
+    PerSlot,
+}
+
 struct JobState {
     job: Job,
     running: u32,
@@ -47,14 +63,14 @@ struct JobState {
 
 impl Engine {
     /// Runs `jobs` (each with its index) to completion in `parallel`
-    /// sequences over `cells` KV cells, reporting to `sink`. Stops with an
-    /// `Interrupted` error as soon as `interrupted` is set.
+    /// sequences over `cells` KV cells laid out as `layout` says, reporting
+    /// to `sink`. Stops with an `Interrupted` error as soon as `interrupted`
+    /// is set.
     pub(super) fn decode_all(
         &self,
         jobs: Vec<(usize, Job)>,
         feed: &mut Feed,
-        parallel: u32,
-        cells: u32,
+        (parallel, cells, layout): (u32, u32, Layout),
         interrupted: &AtomicBool,
         sink: &mut Sink,
     ) -> Result<()> {
@@ -67,7 +83,11 @@ impl Engine {
             .with_n_batch(batch_size as u32)
             .with_n_ubatch(batch_size as u32)
             .with_n_seq_max(parallel)
-            .with_kv_unified(true)
+            .with_kv_unified(layout == Layout::Shared)
+            // Sliding-window layers keep only their window's cells (as
+            // llama-server does): a fraction of the memory. The full cache
+            // is for rewinding a sequence, which cmpl never does.
+            .with_swa_full(false)
             .with_n_threads(self.threads)
             .with_n_threads_batch(self.threads);
         let mut ctx = self
@@ -78,7 +98,8 @@ impl Engine {
         let mut run = Run {
             engine: self,
             batch_size,
-            free_seqs: (0..parallel as i32).rev().collect(),
+            layout,
+            free_seqs: (0..parallel as i32).collect(),
             free_cells: cells,
             states: HashMap::new(),
             running: Vec::new(),
@@ -104,12 +125,16 @@ impl Engine {
             // Admit waiting jobs, in order, while their slots and cells are free.
             let (mut seqs_left, mut cells_left) = (run.free_seqs.len(), run.free_cells);
             let mut admitted = Vec::new();
+            // (A slot's cells are its own: prepare sized the job to them.)
+            let pooled = layout == Layout::Shared;
             while let Some((_, job)) = pending.front() {
-                if job.request.n as usize > seqs_left || job.cells() > cells_left {
+                if job.request.n as usize > seqs_left || (pooled && job.cells() > cells_left) {
                     break;
                 }
                 seqs_left -= job.request.n as usize;
-                cells_left -= job.cells();
+                if pooled {
+                    cells_left -= job.cells();
+                }
                 admitted.extend(pending.pop_front());
             }
             if !admitted.is_empty() {
@@ -118,13 +143,20 @@ impl Engine {
             if run.running.is_empty() {
                 // Nothing runs, so the first waiting job can never fit.
                 if let Some((index, job)) = pending.pop_front() {
-                    let error = CmplError::context(format!(
-                        "the request needs {} sequences and {} KV cells; the context has {} and {}: lower n or max_tokens, or raise --parallel or --ctx-size",
-                        job.request.n,
-                        job.cells(),
-                        parallel,
-                        cells
-                    ));
+                    let error = CmplError::context(if pooled {
+                        format!(
+                            "the request needs {} sequences and {} KV cells; the context has {} and {}: lower n or max_tokens, or raise --parallel or --ctx-size",
+                            job.request.n,
+                            job.cells(),
+                            parallel,
+                            cells
+                        )
+                    } else {
+                        format!(
+                            "the request needs {} slots and the server has {parallel}: lower n, or raise --parallel",
+                            job.request.n
+                        )
+                    });
                     sink(Event::Rejected { job: index, error })?;
                 }
                 continue;
@@ -167,7 +199,9 @@ struct Run<'e> {
     engine: &'e Engine,
     /// Tokens a decode call takes.
     batch_size: usize,
-    free_seqs: Vec<i32>,
+    layout: Layout,
+    /// Taken lowest first (see [`Layout::PerSlot`]).
+    free_seqs: BTreeSet<i32>,
     free_cells: u32,
     states: HashMap<usize, JobState>,
     running: Vec<ChoiceState>,
@@ -191,7 +225,7 @@ impl Run<'_> {
         batch.clear();
         for (index, job) in jobs {
             let seqs: Vec<i32> = (0..job.request.n)
-                .filter_map(|_| self.free_seqs.pop())
+                .filter_map(|_| self.free_seqs.pop_first())
                 .collect();
             self.free_cells -= job.cells();
             let echo = job.request.echo;
@@ -225,13 +259,27 @@ impl Run<'_> {
                     self.flush(&mut ready, ctx, batch, sink)?;
                 }
                 batch
-                    .add(token, pos as i32, &prompted.seqs, pos + 1 == n_prompt)
+                    .add(
+                        token,
+                        pos as i32,
+                        self.prompt_seqs(&prompted.seqs),
+                        pos + 1 == n_prompt,
+                    )
                     .map_err(|e| CmplError::internal(format!("batch: {e}")))?;
             }
             let last = batch.n_tokens() - 1;
             ready.push((prompted, last));
         }
         self.flush(&mut ready, ctx, batch, sink)
+    }
+
+    /// The sequences a job's prompt tokens are tagged with: all its
+    /// choices' in a shared pool, else the first (copied to the rest).
+    fn prompt_seqs<'s>(&self, seqs: &'s [i32]) -> &'s [i32] {
+        match self.layout {
+            Layout::Shared => seqs,
+            Layout::PerSlot => &seqs[..1],
+        }
     }
 
     /// Decodes what the batch holds and starts the jobs it completes.
@@ -270,7 +318,7 @@ impl Run<'_> {
             let start = c * PROMPT_CHUNK_ALL_LOGITS;
             for (j, &token) in tokens.iter().enumerate() {
                 batch
-                    .add(token, (start + j) as i32, &p.seqs, true)
+                    .add(token, (start + j) as i32, self.prompt_seqs(&p.seqs), true)
                     .map_err(|e| CmplError::internal(format!("batch: {e}")))?;
             }
             decode(ctx, batch)?;
@@ -303,6 +351,13 @@ impl Run<'_> {
         let n = job.request.n;
         let echo = job.request.echo;
         let n_prompt = job.tokens.len();
+        if self.layout == Layout::PerSlot {
+            // llama.cpp copies the stream's data at the next decode.
+            for &seq in &seqs[1..] {
+                ctx.copy_kv_cache_seq(seqs[0], seq, None, None)
+                    .map_err(|e| CmplError::internal(format!("KV copy: {e}")))?;
+            }
+        }
         let mut choices = Vec::with_capacity(n as usize);
         for (i, &seq) in seqs.iter().enumerate() {
             let mut sampler = sampler::SamplerChain::new(&job.request.sampling, job.seeds[i]);
@@ -380,6 +435,7 @@ impl Run<'_> {
         sink: &mut Sink,
     ) -> Result<()> {
         batch.clear();
+        self.running.sort_unstable_by_key(|c| c.seq);
         for c in &self.running {
             batch
                 .add(c.next, c.pos, &[c.seq], true)
@@ -525,9 +581,9 @@ impl Run<'_> {
 
 /// Frees a sequence: its cells in the cache (shared prompt cells go with the
 /// last sequence that holds them) and its slot.
-fn release(free_seqs: &mut Vec<i32>, seq: i32, ctx: &mut LlamaContext) {
+fn release(free_seqs: &mut BTreeSet<i32>, seq: i32, ctx: &mut LlamaContext) {
     let _ = ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
-    free_seqs.push(seq);
+    free_seqs.insert(seq);
 }
 
 fn decode(ctx: &mut LlamaContext, batch: &mut LlamaBatch) -> Result<()> {
