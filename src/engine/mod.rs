@@ -93,8 +93,8 @@ impl Backend for Engine {
         sink: &mut Sink,
     ) -> Result<()> {
         let mut jobs = Vec::with_capacity(requests.len());
+        let cells = opts.ctx_size.map_or(Cells::Any, Cells::Pool);
         for (index, request) in requests.into_iter().enumerate() {
-            let cells = opts.ctx_size.map_or(Cells::Any, Cells::Pool);
             match self.prepare(request, cells, opts.token_logprobs) {
                 Ok(job) => jobs.push((index, job)),
                 Err(error) => sink(Event::Rejected { job: index, error })?,

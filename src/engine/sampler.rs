@@ -356,6 +356,7 @@ mod tests {
             assert_eq!(fresh.argmax(&peaked), copied, "case {case}");
         }
     }
+
     #[test]
     fn argmax_takes_the_first_maximum_and_skips_nan() {
         assert_eq!(argmax(&[1.0, 3.0, 2.0, 3.0]), LlamaToken(1));

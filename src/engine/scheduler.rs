@@ -125,16 +125,12 @@ impl Engine {
             // Admit waiting jobs, in order, while their slots and cells are free.
             let (mut seqs_left, mut cells_left) = (run.free_seqs.len(), run.free_cells);
             let mut admitted = Vec::new();
-            // (A slot's cells are its own: prepare sized the job to them.)
-            let pooled = layout == Layout::Shared;
             while let Some((_, job)) = pending.front() {
-                if job.request.n as usize > seqs_left || (pooled && job.cells() > cells_left) {
+                if job.request.n as usize > seqs_left || run.pooled_cells(job) > cells_left {
                     break;
                 }
                 seqs_left -= job.request.n as usize;
-                if pooled {
-                    cells_left -= job.cells();
-                }
+                cells_left -= run.pooled_cells(job);
                 admitted.extend(pending.pop_front());
             }
             if !admitted.is_empty() {
@@ -143,7 +139,7 @@ impl Engine {
             if run.running.is_empty() {
                 // Nothing runs, so the first waiting job can never fit.
                 if let Some((index, job)) = pending.pop_front() {
-                    let error = CmplError::context(if pooled {
+                    let error = CmplError::context(if layout == Layout::Shared {
                         format!(
                             "the request needs {} sequences and {} KV cells; the context has {} and {}: lower n or max_tokens, or raise --parallel or --ctx-size",
                             job.request.n,
@@ -202,6 +198,7 @@ struct Run<'e> {
     layout: Layout,
     /// Taken lowest first (see [`Layout::PerSlot`]).
     free_seqs: BTreeSet<i32>,
+    /// Of the shared pool (see [`Run::pooled_cells`]).
     free_cells: u32,
     states: HashMap<usize, JobState>,
     running: Vec<ChoiceState>,
@@ -227,7 +224,7 @@ impl Run<'_> {
             let seqs: Vec<i32> = (0..job.request.n)
                 .filter_map(|_| self.free_seqs.pop_first())
                 .collect();
-            self.free_cells -= job.cells();
+            self.free_cells -= self.pooled_cells(&job);
             let echo = job.request.echo;
             // With echo, every prompt token is reported; with logprobs too, each
             // is scored by the logits of the position before it.
@@ -271,6 +268,16 @@ impl Run<'_> {
             ready.push((prompted, last));
         }
         self.flush(&mut ready, ctx, batch, sink)
+    }
+
+    /// The cells `job` takes from the shared pool while it runs; none with
+    /// a stream per slot, whose cells are its own (prepare sized the job
+    /// to them).
+    fn pooled_cells(&self, job: &Job) -> u32 {
+        match self.layout {
+            Layout::Shared => job.cells(),
+            Layout::PerSlot => 0,
+        }
     }
 
     /// The sequences a job's prompt tokens are tagged with: all its
@@ -422,7 +429,7 @@ impl Run<'_> {
             release(&mut self.free_seqs, c.seq, ctx);
         }
         if let Some(state) = self.states.remove(&job) {
-            self.free_cells += state.job.cells();
+            self.free_cells += self.pooled_cells(&state.job);
         }
     }
 
@@ -539,7 +546,7 @@ impl Run<'_> {
         state.running -= 1;
         if state.running == 0 {
             if let Some(done) = self.states.remove(&c.job) {
-                self.free_cells += done.job.cells();
+                self.free_cells += self.pooled_cells(&done.job);
                 let told = sink(Event::Done {
                     job: c.job,
                     result: JobResult {
