@@ -252,6 +252,9 @@ fn bad_requests_get_the_apis_statuses_and_the_server_goes_on() {
         };
         assert_eq!(v["error"]["param"], want, "{text}");
     }
+    // One log line per request, refused by the engine (n: 100) or before it.
+    let log = server.log.lock().unwrap().join("\n");
+    assert_eq!(log.matches("POST /v1/completions 400").count(), 4, "{log}");
     // A body over the limit: 413, whatever the client does with the rest.
     {
         use std::io::{Read, Write};

@@ -128,9 +128,9 @@ pub fn run(
         }
         match event {
             Event::Rejected { error, .. } => {
-                let status = super::status_of(&error).as_u16();
+                // An error response: the HTTP side logs it, as any other.
                 let _ = client.tx.send(Out::Error(error));
-                log(clients.remove(&job), status);
+                clients.remove(&job);
                 Ok(())
             }
             Event::Done { .. } => {
