@@ -1,8 +1,8 @@
 //! The API's response shapes, field for field (the contract's schemas are
 //! in `tests/schema/completions.schema.json`).
 
-use serde::Serialize;
-use std::collections::BTreeMap;
+use serde::ser::SerializeMap;
+use serde::{Serialize, Serializer};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -23,7 +23,32 @@ pub struct LogprobsPart {
     pub token_logprobs: Vec<Option<f32>>,
     /// One map per position when `logprobs` > 0.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub top_logprobs: Option<Vec<BTreeMap<String, f32>>>,
+    pub top_logprobs: Option<Vec<TopLogprobs>>,
+}
+
+/// One position's alternatives: a JSON object whose keys come best first,
+/// as the hosted API and OpenAI list them (a map would sort them by name).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TopLogprobs(Vec<(String, f32)>);
+
+impl TopLogprobs {
+    /// Sorts `top` best first; a text that two tokens share keeps its best.
+    pub fn new(mut top: Vec<(String, f32)>) -> TopLogprobs {
+        top.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let mut seen = std::collections::HashSet::new();
+        top.retain(|(text, _)| seen.insert(text.clone()));
+        TopLogprobs(top)
+    }
+}
+
+impl Serialize for TopLogprobs {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (text, logprob) in &self.0 {
+            map.serialize_entry(text, logprob)?;
+        }
+        map.end()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

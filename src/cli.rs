@@ -104,7 +104,7 @@ pub struct Cli {
     pub repetition_penalty: Option<f64>,
 
     /// Print tokens as they are generated (Server-Sent Events with --json).
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", help_heading = "Request")]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", help_heading = "Request")]
     pub stream: Option<bool>,
 
     /// Return each token's log-probability and the K most likely alternatives, 0..20.
@@ -112,7 +112,7 @@ pub struct Cli {
     pub logprobs: Option<i64>,
 
     /// Return the prompt too (with its logprobs when --logprobs is set).
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true", help_heading = "Request")]
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", help_heading = "Request")]
     pub echo: Option<bool>,
 
     /// Number of choices to generate for the prompt, 1..128 [default: 1].
@@ -206,6 +206,11 @@ pub struct Cli {
     /// With --serve: answer a request naming another model with 404 (default: the served model answers it).
     #[arg(long, requires = "serve", help_heading = "Server")]
     pub strict_model: bool,
+
+    /// With --serve: on SIGINT/SIGTERM, seconds the requests in flight may take to
+    /// finish before they are cancelled, 0..86400 [default: 300].
+    #[arg(long, value_name = "SECS", requires = "serve", value_parser = clap::value_parser!(u64).range(0..=86400), help_heading = "Server")]
+    pub drain_timeout: Option<u64>,
 
     /// Send requests to a server's completions API at this root
     /// (http://127.0.0.1:8080/v1) instead of running a local model [default: $CMPL_BASE_URL].
@@ -332,6 +337,10 @@ impl Cli {
                 parallel: self.parallel.or(from_config.parallel).unwrap_or(4),
                 ctx_size: self.ctx_size.or(from_config.ctx_size),
                 strict_model: self.strict_model,
+                drain: std::time::Duration::from_secs(
+                    self.drain_timeout
+                        .unwrap_or(crate::serve::DEFAULT_DRAIN_SECS),
+                ),
             })
         } else {
             Action::Complete

@@ -29,3 +29,4 @@ mod random;
 mod remote;
 mod serve;
 mod signal;
+mod url;

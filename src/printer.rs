@@ -3,7 +3,7 @@
 
 use crate::api::{
     Choice, ChunkChoice, ChunkDelta, ChunkToken, CompletionChunk, CompletionResponse, FinishReason,
-    LogprobsPart, PromptPart, ResponseHeader, Usage,
+    LogprobsPart, PromptPart, ResponseHeader, TopLogprobs, Usage,
 };
 use crate::backend::{Event, Finish, JobResult, TokenInfo};
 use crate::error::Result;
@@ -193,7 +193,13 @@ impl<W: Write> Printer<W> {
                 c.index,
                 finish_word(c.finish)
             );
-            self.write_text(&header)?;
+            // Piped, stdout holds only the texts (a newline between two):
+            // the headers are for the person watching, on stderr.
+            if self.tty {
+                self.write_text(&header)?;
+            } else {
+                eprint!("{header}");
+            }
             if self.echo {
                 let prompt = self.prompt.clone();
                 self.write_text(&prompt)?;
@@ -297,7 +303,7 @@ fn logprobs_part(tokens: &[TokenInfo], logprobs: Option<u32>) -> LogprobsPart {
         top_logprobs: logprobs.filter(|&k| k > 0).map(|_| {
             tokens
                 .iter()
-                .map(|t| t.top.iter().cloned().collect())
+                .map(|t| TopLogprobs::new(t.top.clone()))
                 .collect()
         }),
     }

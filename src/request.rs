@@ -7,6 +7,11 @@ use serde_json::{Map, Value};
 /// Defaults for fields the request leaves out (documented in `--help` and the man page).
 pub const DEFAULT_MAX_TOKENS: u32 = 128;
 pub const DEFAULT_TEMPERATURE: f32 = 0.7;
+/// Bounds on what one request may make every draw and every token cost
+/// (a server's clients share the decode loop).
+pub const MAX_LOGIT_BIAS: usize = 4096;
+pub const MAX_STOPS: usize = 32;
+pub const MAX_STOP_BYTES: usize = 1024;
 
 /// Every field of the API's `CompletionRequest`, each optional, as given by one
 /// source (config file, JSON request, or flags). Values are kept as JSON so a
@@ -38,6 +43,11 @@ pub const FIELDS: &[&str] = &[
     "seed",
 ];
 
+/// Fields OpenAI's completions endpoint takes beyond the contract's, which
+/// its clients (the openai SDK, LangChain, `llm`) send: accepted in JSON
+/// bodies with OpenAI's meaning where cmpl has it, refused by name where not.
+pub const COMPAT_FIELDS: &[&str] = &["user", "stream_options", "best_of", "suffix"];
+
 impl RawRequest {
     /// Parses a JSON request body. `origin` names the source in messages.
     pub fn from_json(text: &str, origin: &str) -> Result<RawRequest> {
@@ -61,7 +71,7 @@ impl RawRequest {
             ));
         };
         for key in fields.keys() {
-            if !FIELDS.contains(&key.as_str()) {
+            if !FIELDS.contains(&key.as_str()) && !COMPAT_FIELDS.contains(&key.as_str()) {
                 return Err(CmplError::invalid(
                     key,
                     format!(
@@ -86,6 +96,24 @@ impl RawRequest {
 
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.fields.get(key).filter(|v| !v.is_null())
+    }
+
+    /// A `prompt` that lists several prompts, one request each (OpenAI's
+    /// meaning: the choices of prompt i come i-th); `None` for one prompt.
+    pub fn prompts(&self) -> Option<Vec<RawRequest>> {
+        let Some(Value::Array(items)) = self.get("prompt") else {
+            return None;
+        };
+        (items.len() > 1).then(|| {
+            items
+                .iter()
+                .map(|item| {
+                    let mut one = self.clone();
+                    one.set("prompt", item.clone());
+                    one
+                })
+                .collect()
+        })
     }
 }
 
@@ -130,6 +158,22 @@ impl Request {
                     "no prompt: give PROMPT, pipe text or a JSON request on stdin, or use --prompt-file FILE",
                 ))
             }
+            Some(Value::Array(items)) => match items.as_slice() {
+                [one @ Value::String(_)] => string(one, "prompt")?,
+                [] => String::new(),
+                [Value::String(_), ..] => {
+                    return Err(CmplError::invalid(
+                        "prompt",
+                        format!("`prompt` lists {} prompts and one run answers one; give each its own line with --batch (the server takes a list)", items.len()),
+                    ))
+                }
+                _ => {
+                    return Err(CmplError::invalid(
+                        "prompt",
+                        "`prompt` must be a string (or a list of strings); token ids are not taken",
+                    ))
+                }
+            },
             Some(v) => string(v, "prompt")?,
         };
         if prompt.is_empty() {
@@ -144,35 +188,8 @@ impl Request {
                 "`safety_model` is not supported in this release; remove it from the request",
             ));
         }
-        let stop = match raw.get("stop") {
-            None => Vec::new(),
-            Some(Value::Array(items)) => items
-                .iter()
-                .map(|s| match s {
-                    Value::String(s) if s.is_empty() => Err(CmplError::invalid(
-                        "stop",
-                        "`stop` strings must not be empty",
-                    )),
-                    Value::String(s) => Ok(s.clone()),
-                    other => Err(CmplError::invalid(
-                        "stop",
-                        format!(
-                            "`stop` must be a list of strings, found {}",
-                            json_kind(other)
-                        ),
-                    )),
-                })
-                .collect::<Result<Vec<_>>>()?,
-            Some(other) => {
-                return Err(CmplError::invalid(
-                    "stop",
-                    format!(
-                        "`stop` must be a list of strings like [\"\\n\"], not {}",
-                        json_kind(other)
-                    ),
-                ))
-            }
-        };
+        let stop = stop(raw)?;
+        compat(raw)?;
         let sampling = Sampling {
             temperature: number(raw, "temperature", 0.0, 2.0)?.unwrap_or(DEFAULT_TEMPERATURE),
             top_p: number(raw, "top_p", 0.0, 1.0)?.unwrap_or(1.0),
@@ -297,6 +314,116 @@ fn repetition_penalty(raw: &RawRequest) -> Result<f32> {
     Ok(value)
 }
 
+/// OpenAI's own fields: `user` (an end-user id for its abuse monitoring: no
+/// meaning here), `stream_options.include_usage` (the usage always comes, in
+/// the contract's place), `best_of` equal to `n` (the same request); a larger
+/// `best_of`, and `suffix` (insertion), are refused by name.
+fn compat(raw: &RawRequest) -> Result<()> {
+    if let Some(v) = raw.get("user") {
+        string(v, "user")?;
+    }
+    if let Some(v) = raw.get("stream_options") {
+        let Value::Object(options) = v else {
+            return Err(CmplError::invalid(
+                "stream_options",
+                format!(
+                    "`stream_options` must be an object like {{\"include_usage\": true}}, not {}",
+                    json_kind(v)
+                ),
+            ));
+        };
+        for (key, value) in options {
+            match (key.as_str(), value) {
+                ("include_usage", Value::Bool(_) | Value::Null) => {}
+                ("include_usage", other) => {
+                    return Err(CmplError::invalid(
+                        "stream_options",
+                        format!(
+                            "`stream_options.include_usage` must be true or false, not {}",
+                            json_kind(other)
+                        ),
+                    ))
+                }
+                _ => {
+                    return Err(CmplError::invalid(
+                        "stream_options",
+                        format!("unknown field `stream_options.{key}`; known: include_usage"),
+                    ))
+                }
+            }
+        }
+    }
+    let n = integer(raw, "n", 1, 128)?.unwrap_or(1);
+    if let Some(best_of) = integer(raw, "best_of", 1, 128)? {
+        if best_of != n {
+            return Err(CmplError::invalid(
+                "best_of",
+                format!("`best_of` {best_of} is not supported: cmpl does not rank choices; leave it out (or equal to n) and pick from n choices with --logprobs"),
+            ));
+        }
+    }
+    match raw.get("suffix") {
+        None => Ok(()),
+        Some(Value::String(s)) if s.is_empty() => Ok(()),
+        Some(_) => Err(CmplError::invalid(
+            "suffix",
+            "`suffix` (text after the insertion) is not supported: cmpl completes a prompt at its end; leave it out",
+        )),
+    }
+}
+
+/// A list of strings, or one string (as OpenAI's API also takes it).
+fn stop(raw: &RawRequest) -> Result<Vec<String>> {
+    let items = match raw.get("stop") {
+        None => return Ok(Vec::new()),
+        Some(Value::Array(items)) => items.as_slice(),
+        Some(one @ Value::String(_)) => std::slice::from_ref(one),
+        Some(other) => {
+            return Err(CmplError::invalid(
+                "stop",
+                format!(
+                    "`stop` must be a list of strings like [\"\\n\"], not {}",
+                    json_kind(other)
+                ),
+            ))
+        }
+    };
+    if items.len() > MAX_STOPS {
+        return Err(CmplError::invalid(
+            "stop",
+            format!(
+                "`stop` has {} strings; at most {MAX_STOPS} are allowed",
+                items.len()
+            ),
+        ));
+    }
+    items
+        .iter()
+        .map(|s| match s {
+            Value::String(s) if s.is_empty() => Err(CmplError::invalid(
+                "stop",
+                "`stop` strings must not be empty",
+            )),
+            Value::String(s) if s.len() > MAX_STOP_BYTES => Err(CmplError::invalid(
+                "stop",
+                format!(
+                    "a `stop` string is {} bytes; at most {MAX_STOP_BYTES} are allowed",
+                    s.len()
+                ),
+            )),
+            Value::String(s) => Ok(s.clone()),
+            other => Err(CmplError::invalid(
+                "stop",
+                format!(
+                    "`stop` must be a list of strings, found {}",
+                    json_kind(other)
+                ),
+            )),
+        })
+        .collect()
+}
+
+/// Token ids to biases; each id once (`"7"` and `"07"` are the same id).
 fn logit_bias(raw: &RawRequest) -> Result<Vec<(i64, f32)>> {
     let Some(v) = raw.get("logit_bias") else {
         return Ok(Vec::new());
@@ -310,6 +437,16 @@ fn logit_bias(raw: &RawRequest) -> Result<Vec<(i64, f32)>> {
             ),
         ));
     };
+    if map.len() > MAX_LOGIT_BIAS {
+        return Err(CmplError::invalid(
+            "logit_bias",
+            format!(
+                "`logit_bias` has {} entries; at most {MAX_LOGIT_BIAS} are allowed",
+                map.len()
+            ),
+        ));
+    }
+    let mut seen = std::collections::HashSet::with_capacity(map.len());
     map.iter()
         .map(|(key, bias)| {
             let id: i64 = key.trim().parse().map_err(|_| {
@@ -322,6 +459,12 @@ fn logit_bias(raw: &RawRequest) -> Result<Vec<(i64, f32)>> {
                 return Err(CmplError::invalid(
                     "logit_bias",
                     format!("`logit_bias` key {id} is negative; token ids start at 0"),
+                ));
+            }
+            if !seen.insert(id) {
+                return Err(CmplError::invalid(
+                    "logit_bias",
+                    format!("`logit_bias` names token {id} twice (as {key:?} and another spelling); give each id once"),
                 ));
             }
             match bias.as_f64() {
@@ -362,6 +505,55 @@ mod tests {
     }
 
     #[test]
+    fn openai_clients_requests_are_taken() {
+        // As LangChain and llm send them: nulls, a one-element prompt list,
+        // a string stop, user, stream_options, best_of equal to n.
+        let r = validate(json!({
+            "prompt": ["Hi"], "logprobs": null, "seed": null, "stop": "x", "user": "u1",
+            "stream_options": {"include_usage": true}, "best_of": 2, "n": 2, "suffix": ""
+        }))
+        .unwrap();
+        assert_eq!(
+            (r.prompt.as_str(), r.n, r.stop.as_slice()),
+            ("Hi", 2, &["x".to_string()][..])
+        );
+        let raw = RawRequest::from_value(json!({"prompt": ["a", "b"], "n": 2}), "x").unwrap();
+        let each: Vec<Request> = raw
+            .prompts()
+            .unwrap()
+            .iter()
+            .map(|r| Request::validate(r).unwrap())
+            .collect();
+        assert_eq!(
+            (each[0].prompt.as_str(), each[1].prompt.as_str(), each[1].n),
+            ("a", "b", 2)
+        );
+    }
+
+    #[test]
+    fn bounds_admit_their_limits() {
+        let r = validate(json!({"prompt": "a", "stop": "x"})).unwrap();
+        assert_eq!(r.stop, ["x"]);
+        let stops = vec!["y".repeat(MAX_STOP_BYTES); MAX_STOPS];
+        assert_eq!(
+            validate(json!({"prompt": "a", "stop": stops}))
+                .unwrap()
+                .stop
+                .len(),
+            MAX_STOPS
+        );
+        let bias: Map<String, Value> = (0..MAX_LOGIT_BIAS)
+            .map(|i| (i.to_string(), json!(1)))
+            .collect();
+        let r = validate(json!({"prompt": "a", "logit_bias": bias})).unwrap();
+        assert_eq!(r.sampling.logit_bias.len(), MAX_LOGIT_BIAS);
+        let mut bias = bias;
+        bias.insert("99999".into(), json!(1));
+        let err = validate(json!({"prompt": "a", "logit_bias": bias})).unwrap_err();
+        assert!(err.message.contains("at most 4096"), "{err}");
+    }
+
+    #[test]
     fn errors_name_the_field() {
         let cases = [
             (json!({"prompt": "a", "n": 0}), "n"),
@@ -369,7 +561,13 @@ mod tests {
             (json!({"prompt": "a", "logprobs": 21}), "logprobs"),
             (json!({"prompt": "a", "top_p": 1.5}), "top_p"),
             (json!({"prompt": "a", "temperature": "hot"}), "temperature"),
-            (json!({"prompt": "a", "stop": "x"}), "stop"),
+            (json!({"prompt": "a", "stop": 3}), "stop"),
+            (json!({"prompt": "a", "stop": vec!["x"; 33]}), "stop"),
+            (json!({"prompt": "a", "stop": ["x".repeat(1025)]}), "stop"),
+            (
+                json!({"prompt": "a", "logit_bias": {"7": 1, "07": 1}}),
+                "logit_bias",
+            ),
             (json!({"prompt": "a", "stop": [""]}), "stop"),
             (json!({"prompt": "a", "logit_bias": {"x": 1}}), "logit_bias"),
             (json!({"prompt": "a", "max_tokens": -1}), "max_tokens"),
@@ -378,6 +576,16 @@ mod tests {
                 "seed",
             ),
             (json!({"prompt": "a", "bogus": 1}), "bogus"),
+            (json!({"prompt": "a", "best_of": 2}), "best_of"),
+            (json!({"prompt": "a", "suffix": "z"}), "suffix"),
+            (json!({"prompt": "a", "user": 1}), "user"),
+            (
+                json!({"prompt": "a", "stream_options": {"x": 1}}),
+                "stream_options",
+            ),
+            (json!({"prompt": ["a", "b"]}), "prompt"),
+            (json!({"prompt": [1, 2]}), "prompt"),
+            (json!({"prompt": []}), "prompt"),
             (json!({"prompt": ""}), "prompt"),
             (json!({"prompt": 3}), "prompt"),
         ];

@@ -1,7 +1,7 @@
 //! A completion request end to end: real binary, real model, real output.
 
 mod common;
-use common::run::cmpl;
+use common::run::{cmpl, cmpl_on_a_terminal};
 use common::schema::assert_valid;
 use serde_json::Value;
 
@@ -315,6 +315,8 @@ fn n_choices_share_the_prompt_and_report_their_seeds() {
 
 #[test]
 fn n_in_text_mode_prints_each_choice_under_a_header() {
+    // Piped, stdout holds only the texts (a newline between two); the
+    // headers go to stderr. On a terminal they are in the text.
     let out = cmpl(&[
         FRANCE,
         "-n",
@@ -327,9 +329,18 @@ fn n_in_text_mode_prints_each_choice_under_a_header() {
         "1",
     ])
     .run();
+    assert_eq!(out.ok(), format!("{FRANCE_24}\n{FRANCE_24}"));
     assert_eq!(
-        out.ok(),
-        format!("--- choice 0 (seed 1, length) ---\n{FRANCE_24}\n--- choice 1 (seed 2, length) ---\n{FRANCE_24}")
+        out.stderr,
+        "--- choice 0 (seed 1, length) ---\n--- choice 1 (seed 2, length) ---\n"
+    );
+    let out = cmpl_on_a_terminal(&format!(
+        "{FRANCE:?} -n 2 --max-tokens 24 --temperature 0 --seed 1 --color never"
+    ))
+    .run();
+    assert_eq!(
+        out.ok().replace("\r\n", "\n"),
+        format!("--- choice 0 (seed 1, length) ---\n{FRANCE_24}\n--- choice 1 (seed 2, length) ---\n{FRANCE_24}\n")
     );
 }
 

@@ -87,6 +87,61 @@ fn keys_travel_only_as_a_bearer_header() {
 }
 
 #[test]
+fn a_key_goes_only_to_the_host_the_url_leads_to() {
+    // The host before `@` is user information: the connection would go to
+    // 127.0.0.1, and OPENAI_API_KEY with it. Refused before anything is sent.
+    let server = StandIn::start(vec![]);
+    let spoof = format!("http://api.openai.com:80@127.0.0.1:{}/v1", server.port);
+    let out = cmpl(&["Hi", "--json", "--base-url", &spoof])
+        .env("OPENAI_API_KEY", "sk-openai")
+        .run();
+    out.fails(2, "carries user information before `@`");
+    assert_eq!(out.json()["error"]["param"], "base_url");
+    assert!(!out.stdout.contains("sk-openai") && !out.stderr.contains("sk-openai"));
+    assert!(server.seen().is_empty(), "nothing was sent");
+    // CMPL_API_KEY over plain http to an address that is not loopback is
+    // sent with a warning (0.0.0.0 reaches this machine, but is not 127/8).
+    let server = StandIn::start(vec![
+        Reply::json(MODELS_ONE),
+        Reply::json(contract_response(" ok")),
+    ]);
+    let lan = format!("http://0.0.0.0:{}/v1", server.port);
+    let out = cmpl(&["Hi", "--base-url", &lan])
+        .env("CMPL_API_KEY", "sk-lan")
+        .run();
+    assert_eq!(out.ok(), " ok");
+    assert!(
+        out.stderr
+            .contains("CMPL_API_KEY is sent to 0.0.0.0 over plain http://"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        server.seen()[0].authorization.as_deref(),
+        Some("Bearer sk-lan")
+    );
+    // Loopback: no warning.
+    let server = StandIn::start(vec![
+        Reply::json(MODELS_ONE),
+        Reply::json(contract_response(" ok")),
+    ]);
+    let out = cmpl(&["Hi", "--base-url", &server.url()])
+        .env("CMPL_API_KEY", "sk-local")
+        .run();
+    assert_eq!(out.ok(), " ok");
+    assert!(!out.stderr.contains("warning"), "{}", out.stderr);
+}
+
+#[test]
+fn a_stream_event_without_end_is_cut_at_its_bound() {
+    // `data: ` and then 6 MiB with no newline: an error, not memory.
+    let endless = format!("data: {}", "x".repeat(6 << 20));
+    let server = StandIn::start(vec![Reply::json(MODELS_ONE), Reply::sse(endless)]);
+    let out = cmpl(&["Hi", "--stream", "--json", "--base-url", &server.url()]).run();
+    out.fails(1, "an event over 4 MiB");
+}
+
+#[test]
 fn several_models_ask_for_a_choice() {
     let server = StandIn::start(vec![Reply::json(
         r#"{"data": [{"id": "a"}, {"id": "b"}, {"id": "c"}]}"#,

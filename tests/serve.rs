@@ -96,6 +96,75 @@ fn the_official_sdks_run_unchanged() {
 }
 
 #[test]
+fn clients_in_the_wild_run_unchanged() {
+    // The OpenAI SDK's own options, LangChain's completion model and the
+    // `llm` tool (tests/wild_clients.py; scripts/test installs them).
+    let server = Served::start(&["--parallel", "4"], &[]);
+    let python =
+        std::env::var_os("CMPL_SDK_PYTHON").expect("CMPL_SDK_PYTHON (scripts/test sets it)");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/wild_clients.py");
+    let out = std::process::Command::new(python)
+        .arg(script)
+        .arg(server.root())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
+}
+
+#[test]
+fn a_list_of_prompts_is_answered_in_order() {
+    let server = Served::start(&["--parallel", "4"], &[]);
+    let each = |prompt: &str| {
+        let (status, body) = server.post(
+            &json!({"prompt": prompt, "max_tokens": 6, "temperature": 0, "n": 2}).to_string(),
+        );
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str::<Value>(&body).unwrap()
+    };
+    let (a, b) = (each(FRANCE), each("1, 2, 3,"));
+    let (status, body) = server.post(
+        &json!({"prompt": [FRANCE, "1, 2, 3,"], "max_tokens": 6, "temperature": 0, "n": 2})
+            .to_string(),
+    );
+    assert_eq!(status, 200, "{body}");
+    let both: Value = serde_json::from_str(&body).unwrap();
+    assert_valid("CompletionResponse", &both);
+    let choices = both["choices"].as_array().unwrap();
+    let texts: Vec<&Value> = choices.iter().map(|c| &c["text"]).collect();
+    let want: Vec<&Value> = [&a, &b]
+        .iter()
+        .flat_map(|r| r["choices"].as_array().unwrap().iter().map(|c| &c["text"]))
+        .collect();
+    assert_eq!(texts, want);
+    let indexes: Vec<u64> = choices
+        .iter()
+        .map(|c| c["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(indexes, [0, 1, 2, 3]);
+    for key in ["prompt_tokens", "completion_tokens", "total_tokens"] {
+        assert_eq!(
+            both["usage"][key].as_u64().unwrap(),
+            a["usage"][key].as_u64().unwrap() + b["usage"][key].as_u64().unwrap()
+        );
+    }
+    // Streamed, a list is refused by name; so is a list on the command line.
+    let (status, body) = server.post(&json!({"prompt": ["a", "b"], "stream": true}).to_string());
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["error"]["param"],
+        "prompt"
+    );
+    let out = cmpl(&["--json"]).stdin(r#"{"prompt": ["a", "b"]}"#).run();
+    out.fails(2, "give each its own line with --batch");
+}
+
+#[test]
 fn concurrent_clients_each_get_their_own_answer() {
     let server = Served::start(&["--parallel", "8"], &[]);
     let server = &server;
@@ -231,13 +300,13 @@ fn bad_requests_get_the_apis_statuses_and_the_server_goes_on() {
         ),
         ("POST", "/v1/nothing", "{}", 404, "path"),
         ("PUT", "/v1/completions", "{}", 405, "method"),
-        // More choices than the server's slots: it can never run.
+        // More choices than the server's slots: refused at once, naming n.
         (
             "POST",
             "/v1/completions",
             "{\"prompt\": \"hi\", \"n\": 100}",
             400,
-            "-",
+            "n",
         ),
     ];
     for (method, path, body, status, param) in cases {
@@ -252,7 +321,7 @@ fn bad_requests_get_the_apis_statuses_and_the_server_goes_on() {
         };
         assert_eq!(v["error"]["param"], want, "{text}");
     }
-    // One log line per request, refused by the engine (n: 100) or before it.
+    // One log line per request refused.
     let log = server.log.lock().unwrap().join("\n");
     assert_eq!(log.matches("POST /v1/completions 400").count(), 4, "{log}");
     // A body over the limit: 413, whatever the client does with the rest.
@@ -300,6 +369,16 @@ fn keys_and_addresses() {
         let (status, text) = server.send("POST", "/v1/completions", &body, key);
         assert_eq!(status, 401, "{text}");
         assert_valid("ErrorData", &serde_json::from_str(&text).unwrap());
+    }
+    // The scheme's name is case-insensitive in HTTP.
+    for scheme in ["bearer", "BEARER", "Bearer"] {
+        let (status, text) = server.send_with(
+            "POST",
+            "/v1/completions",
+            &body,
+            &[("Authorization", &format!("{scheme} sk-serve"))],
+        );
+        assert_eq!(status, 200, "{scheme}: {text}");
     }
     assert_eq!(
         server

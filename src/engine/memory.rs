@@ -1,15 +1,26 @@
 //! The KV memory guard: a cache that would not fit is refused before
 //! llama.cpp tries to allocate it.
 
+use super::scheduler::{Layout, PROMPT_CHUNK};
 use super::Engine;
 use crate::error::{CmplError, Result};
-use crate::gguf::GgufInfo;
+use crate::gguf::{GgufInfo, MetaValue};
+
+/// A context's KV cache as llama.cpp will lay it out: `cells` in all, for
+/// `seqs` sequences, in one pool or one stream each.
+#[derive(Clone, Copy)]
+pub(super) struct KvShape {
+    pub cells: u32,
+    pub seqs: u32,
+    pub layout: Layout,
+}
 
 impl Engine {
     /// Refuses a KV cache of `cells` that would not fit in available memory:
     /// the offloaded layers' share in the GPUs' free memory, the rest in RAM.
-    pub(super) fn check_memory(&self, cells: u32) -> Result<()> {
-        for (need, available, what) in self.kv_split(cells) {
+    pub(super) fn check_memory(&self, shape: KvShape) -> Result<()> {
+        let cells = shape.cells;
+        for (need, available, what) in self.kv_split(shape) {
             if need > available {
                 return Err(CmplError::context(format!(
                     "this request needs {} of KV cache ({cells} tokens) in {what} but only {} is available; lower n, max_tokens or --ctx-size",
@@ -22,16 +33,16 @@ impl Engine {
     }
 
     /// Whether a KV cache of `cells` takes at most half the available memory.
-    pub(super) fn fits_comfortably(&self, cells: u32) -> bool {
-        self.kv_split(cells)
+    pub(super) fn fits_comfortably(&self, shape: KvShape) -> bool {
+        self.kv_split(shape)
             .iter()
             .all(|&(need, free, _)| need <= free / 2)
     }
 
     /// (bytes needed, bytes available, where) for the KV cache of `cells`:
     /// llama.cpp keeps an offloaded layer's cache on its device.
-    fn kv_split(&self, cells: u32) -> Vec<(u64, u64, &'static str)> {
-        let Some(need) = kv_bytes(&self.info, cells) else {
+    fn kv_split(&self, shape: KvShape) -> Vec<(u64, u64, &'static str)> {
+        let Some(need) = kv_bytes(&self.info, shape) else {
             return Vec::new();
         };
         let layers = self.info.arch_u64("block_count").unwrap_or(1).max(1);
@@ -62,26 +73,91 @@ pub(super) fn gpu_free_memory() -> Option<u64> {
     (!gpus.is_empty()).then(|| gpus.iter().sum())
 }
 
-/// Bytes of KV cache that `cells` cells take (f16 keys and values), from the
-/// file's metadata; `None` where the metadata doesn't say. The KV head count
-/// may be one number or one per layer.
-fn kv_bytes(info: &GgufInfo, cells: u32) -> Option<u64> {
-    // KV heads summed over the layers.
-    let heads_kv: u64 = match info.arch_u64_list("attention.head_count_kv") {
-        Some(per_layer) => per_layer.iter().sum(),
+/// Bytes of KV cache that `shape` takes (f16 keys and values), from the
+/// file's metadata; `None` where the metadata doesn't say (a recurrent
+/// model's state is not a KV cache: its head counts are 0). The KV head
+/// count may be one number or one per layer. Sliding-window layers keep only
+/// their window per stream, as llama.cpp sizes them (`llama_kv_cache_iswa`).
+fn kv_bytes(info: &GgufInfo, shape: KvShape) -> Option<u64> {
+    let layers = info.arch_u64("block_count")?;
+    // KV heads of each layer.
+    let heads_kv: Vec<u64> = match info.arch_u64_list("attention.head_count_kv") {
+        Some(per_layer) => per_layer,
         None => {
-            info.arch_u64("block_count")?
-                * info
-                    .arch_u64("attention.head_count_kv")
-                    .or_else(|| info.arch_u64("attention.head_count"))?
+            let heads = info
+                .arch_u64("attention.head_count_kv")
+                .or_else(|| info.arch_u64("attention.head_count"))?;
+            vec![heads; layers as usize]
         }
     };
     let head_dim = match info.arch_u64("attention.key_length") {
         Some(d) => d,
-        None => info.arch_u64("embedding_length")? / info.arch_u64("attention.head_count")?,
+        None => info
+            .arch_u64("embedding_length")?
+            .checked_div(info.arch_u64("attention.head_count")?)?,
     };
     let v_dim = info.arch_u64("attention.value_length").unwrap_or(head_dim);
-    Some(u64::from(cells) * heads_kv * (head_dim + v_dim) * 2)
+    let cells = u64::from(shape.cells);
+    let window_cells = sliding_window(info).map(|(window, is_swa)| {
+        let unified = shape.layout == Layout::Shared;
+        let streams = if unified {
+            1
+        } else {
+            u64::from(shape.seqs.max(1))
+        };
+        let per_stream = cells.div_ceil(streams);
+        let ubatch = PROMPT_CHUNK.max(shape.seqs as usize) as u64;
+        let want = window * if unified { u64::from(shape.seqs) } else { 1 } + ubatch;
+        (streams * per_stream.min(want).next_multiple_of(256), is_swa)
+    });
+    let total: u64 = heads_kv
+        .iter()
+        .enumerate()
+        .map(|(layer, &heads)| {
+            let layer_cells = match &window_cells {
+                Some((swa_cells, is_swa)) if is_swa(layer as u64) => *swa_cells,
+                _ => cells,
+            };
+            layer_cells * heads * (head_dim + v_dim) * 2
+        })
+        .sum();
+    (total > 0).then_some(total)
+}
+
+/// The window and which layers use it, for the architectures llama.cpp
+/// gives a sliding-window pattern (`load_swa_pattern` in its model files),
+/// or that say it in their metadata. Unknown: every layer full (the larger
+/// estimate).
+fn sliding_window(info: &GgufInfo) -> Option<(u64, impl Fn(u64) -> bool)> {
+    let window = info
+        .arch_u64("attention.sliding_window")
+        .filter(|&w| w > 0)?;
+    let (default, dense_first) = match info.architecture()? {
+        "gemma2" | "gpt-oss" => (2, false),
+        "gemma3" | "gemma-embedding" => (6, false),
+        "gemma3n" => (5, false),
+        "cohere2" | "exaone4" | "olmo2" => (4, false),
+        _ => return None,
+    };
+    let arch = info.architecture()?;
+    let pattern = match info
+        .metadata
+        .get(&format!("{arch}.attention.sliding_window_pattern"))
+    {
+        None => default,
+        Some(MetaValue::UInt(n)) => *n,
+        Some(MetaValue::Int(n)) => u64::try_from(*n).ok()?,
+        // A per-layer list (kept only as its length): assume full layers.
+        Some(_) => return None,
+    };
+    Some((window, move |layer: u64| {
+        pattern == 0
+            || if dense_first {
+                layer % pattern != 0
+            } else {
+                layer % pattern < pattern - 1
+            }
+    }))
 }
 
 fn available_memory() -> Option<u64> {
@@ -120,6 +196,85 @@ mod tests {
         }
     }
 
+    fn pool(cells: u32) -> KvShape {
+        KvShape {
+            cells,
+            seqs: 1,
+            layout: Layout::Shared,
+        }
+    }
+
+    #[test]
+    fn a_recurrent_model_has_no_kv_estimate_and_no_panic() {
+        // Mamba and RWKV files carry head counts of 0.
+        let zero = [
+            ("block_count", MetaValue::UInt(24)),
+            ("embedding_length", MetaValue::UInt(768)),
+            ("attention.head_count", MetaValue::UInt(0)),
+            ("attention.head_count_kv", MetaValue::UInt(0)),
+        ];
+        assert_eq!(kv_bytes(&info(&zero), pool(4096)), None);
+        assert_eq!(kv_bytes(&info(&zero[..2]), pool(4096)), None);
+    }
+
+    #[test]
+    fn sliding_window_layers_keep_their_window() {
+        // Gemma 3 270M: 18 layers, 1 KV head of 256 dims, window 512; every
+        // sixth layer is global (3 of 18).
+        let mut entries = vec![
+            ("block_count", MetaValue::UInt(18)),
+            ("attention.head_count", MetaValue::UInt(4)),
+            ("attention.head_count_kv", MetaValue::UInt(1)),
+            ("attention.key_length", MetaValue::UInt(256)),
+            ("attention.sliding_window", MetaValue::UInt(512)),
+        ];
+        let mut gemma = info(&entries);
+        gemma.metadata.insert(
+            "general.architecture".into(),
+            MetaValue::Str("gemma3".into()),
+        );
+        let gemma: GgufInfo = GgufInfo {
+            metadata: gemma
+                .metadata
+                .into_iter()
+                .map(|(k, v)| (k.replace("arch.", "gemma3."), v))
+                .collect(),
+            ..gemma
+        };
+        let per_cell = 256 * 2 * 2;
+        // 4 slots of 4096 cells each: global layers all 16384, windowed ones
+        // 512 + 512 (the micro-batch) per stream.
+        let slots = KvShape {
+            cells: 16384,
+            seqs: 4,
+            layout: Layout::PerSlot,
+        };
+        assert_eq!(
+            kv_bytes(&gemma, slots),
+            Some((3 * 16384 + 15 * 4 * 1024) * per_cell)
+        );
+        // One pool for 4 sequences: the window per sequence, in one stream.
+        let shared = KvShape {
+            layout: Layout::Shared,
+            ..slots
+        };
+        assert_eq!(
+            kv_bytes(&gemma, shared),
+            Some((3 * 16384 + 15 * 2560) * per_cell)
+        );
+        // A small context is smaller than the window: all of it.
+        assert_eq!(
+            kv_bytes(&gemma, pool(100)),
+            Some(3 * 100 * per_cell + 15 * 256 * per_cell)
+        );
+        // An architecture llama.cpp gives no pattern: every layer full.
+        entries.push(("context_length", MetaValue::UInt(1)));
+        assert_eq!(
+            kv_bytes(&info(&entries), pool(4096)),
+            Some(18 * 4096 * per_cell)
+        );
+    }
+
     #[test]
     fn kv_heads_may_be_one_number_or_one_per_layer() {
         let common = [
@@ -130,11 +285,17 @@ mod tests {
         let mut scalar = common.to_vec();
         scalar.push(("attention.head_count_kv", MetaValue::UInt(2)));
         // 3 layers x 2 heads x (64 + 64) dims x 2 bytes per cell.
-        assert_eq!(kv_bytes(&info(&scalar), 10), Some(10 * 3 * 2 * 128 * 2));
+        assert_eq!(
+            kv_bytes(&info(&scalar), pool(10)),
+            Some(10 * 3 * 2 * 128 * 2)
+        );
         let mut per_layer = common.to_vec();
         per_layer.push(("attention.head_count_kv", MetaValue::Ints(vec![2, 0, 4])));
-        assert_eq!(kv_bytes(&info(&per_layer), 10), Some(10 * 6 * 128 * 2));
+        assert_eq!(
+            kv_bytes(&info(&per_layer), pool(10)),
+            Some(10 * 6 * 128 * 2)
+        );
         // No KV count at all: every head has its own keys and values.
-        assert_eq!(kv_bytes(&info(&common), 1), Some(3 * 8 * 128 * 2));
+        assert_eq!(kv_bytes(&info(&common), pool(1)), Some(3 * 8 * 128 * 2));
     }
 }

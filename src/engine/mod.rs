@@ -18,6 +18,7 @@ use crate::request::Request;
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
+use memory::KvShape;
 use scheduler::{Fed, Layout};
 use std::sync::atomic::AtomicBool;
 
@@ -109,14 +110,24 @@ impl Backend for Engine {
         let choices: u32 = jobs.iter().map(|(_, j)| j.request.n).sum();
         let parallel = opts.parallel.unwrap_or_else(|| {
             let mut p = DEFAULT_PARALLEL;
-            while p > 1 && !self.fits_comfortably(context_cells(&jobs, p)) {
+            while p > 1
+                && !self.fits_comfortably(KvShape {
+                    cells: context_cells(&jobs, p),
+                    seqs: p,
+                    layout: Layout::Shared,
+                })
+            {
                 p /= 2;
             }
             p
         });
         let slots = parallel.min(choices).max(widest);
         let cells = opts.ctx_size.unwrap_or_else(|| context_cells(&jobs, slots));
-        self.check_memory(cells)?;
+        self.check_memory(KvShape {
+            cells,
+            seqs: slots,
+            layout: Layout::Shared,
+        })?;
         self.decode_all(
             jobs,
             &mut |_, _| Ok(Fed::Closed),
@@ -159,7 +170,11 @@ impl Engine {
         let cells = ctx_size.unwrap_or_else(|| {
             parallel.saturating_mul(SERVE_CELLS_PER_SLOT.min(self.n_ctx_train()))
         });
-        self.check_memory(cells)?;
+        self.check_memory(KvShape {
+            cells,
+            seqs: parallel,
+            layout: Layout::PerSlot,
+        })?;
         let mut index = 0;
         let mut feed = |wait: bool, sink: &mut Sink| loop {
             let (request, token_logprobs) = match next(wait) {

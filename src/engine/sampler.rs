@@ -92,7 +92,9 @@ struct Adjust {
     /// often. llama.cpp's window is the whole context here, so nothing ever
     /// leaves it.
     seen: HashMap<i32, u32>,
-    bias: Vec<(usize, f32)>,
+    /// Each biased id once (the request refuses repeats): one lookup per
+    /// token touched, never a scan of the list.
+    bias: HashMap<usize, f32>,
     logits: Vec<f32>,
 }
 
@@ -126,17 +128,16 @@ impl Adjust {
     /// argmax, unless a touched token beats it (or it is touched itself).
     fn argmax(&mut self, raw: &[f32]) -> LlamaToken {
         let top = argmax(raw).0 as usize;
-        let touched = |id: usize| {
-            self.bias.iter().any(|&(b, _)| b == id) || self.seen.contains_key(&(id as i32))
-        };
+        let touched =
+            |id: usize| self.bias.contains_key(&id) || self.seen.contains_key(&(id as i32));
         if touched(top) {
             return argmax(self.apply(raw));
         }
         let mut best = (raw[top], top);
         let ids = self
             .bias
-            .iter()
-            .map(|&(id, _)| id)
+            .keys()
+            .copied()
             .chain(self.seen.keys().map(|&id| id as usize));
         for id in ids {
             let Some(l) = self.adjusted(raw, id) else {
@@ -156,7 +157,7 @@ impl Adjust {
         if let (Some(p), Some(&count)) = (&self.penalties, self.seen.get(&(id as i32))) {
             l = p.apply(l, count);
         }
-        for &(_, bias) in self.bias.iter().filter(|&&(b, _)| b == id) {
+        if let Some(bias) = self.bias.get(&id) {
             l += bias;
         }
         Some(l)
@@ -172,7 +173,7 @@ impl Adjust {
                 }
             }
         }
-        for &(id, bias) in &self.bias {
+        for (&id, &bias) in &self.bias {
             if let Some(l) = self.logits.get_mut(id) {
                 *l += bias;
             }

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// Prompt tokens per decode call (several jobs' prompts share one). Smaller
 /// when every position's logits are kept (echo with logprobs), since each
 /// costs a vocabulary of floats.
-const PROMPT_CHUNK: usize = 512;
+pub(super) const PROMPT_CHUNK: usize = 512;
 const PROMPT_CHUNK_ALL_LOGITS: usize = 32;
 
 struct ChoiceState {
@@ -110,9 +110,15 @@ impl Engine {
             if interrupted.load(Ordering::Relaxed) {
                 return Err(CmplError::interrupted());
             }
-            // More jobs, as they arrive; waiting for one only when idle.
+            // More jobs, as they arrive, while there are slots to take them
+            // (the rest wait with the feeder, where a request whose client
+            // leaves costs nothing); waiting for one only when idle.
             while open {
                 let idle = pending.is_empty() && run.running.is_empty();
+                let wanted: usize = pending.iter().map(|(_, j)| j.request.n as usize).sum();
+                if !idle && wanted >= run.free_seqs.len() {
+                    break;
+                }
                 match feed(idle, sink)? {
                     Fed::Job(index, job) => pending.push_back((index, *job)),
                     Fed::Empty => break,
@@ -137,7 +143,16 @@ impl Engine {
                 run.admit(admitted, &mut ctx, &mut batch, interrupted, sink)?;
             }
             if run.running.is_empty() {
-                // Nothing runs, so the first waiting job can never fit.
+                // Nothing runs (what was admitted may have ended at once: a
+                // client gone, a one-token answer), so the first waiting job
+                // either fits now or never will.
+                let fits = pending.front().is_some_and(|(_, job)| {
+                    job.request.n as usize <= run.free_seqs.len()
+                        && run.pooled_cells(job) <= run.free_cells
+                });
+                if fits {
+                    continue;
+                }
                 if let Some((index, job)) = pending.pop_front() {
                     let error = CmplError::context(if layout == Layout::Shared {
                         format!(

@@ -7,6 +7,7 @@
 use super::cache::Cache;
 use crate::error::{CmplError, ErrorKind, Result};
 use crate::signal::INTERRUPTED;
+use crate::url::Origin;
 use sha2::{Digest, Sha256};
 use std::fs::{File, OpenOptions};
 use std::io::{IsTerminal, Read, Write};
@@ -157,7 +158,10 @@ impl Hub {
                 .and_then(|s| s.parse().ok());
             // Relative redirects were followed above: this one is absolute.
             let url = location.filter(|_| status != 200).unwrap_or(url);
-            let same_host = origin(&url) == origin(&self.endpoint);
+            let same_host = matches!(
+                (Origin::parse(&url), Origin::parse(&self.endpoint)),
+                (Ok(a), Ok(b)) if a == b
+            );
             return Ok(Located {
                 etag,
                 size,
@@ -408,7 +412,7 @@ fn io_error(path: &std::path::Path, e: std::io::Error) -> CmplError {
     CmplError::internal(format!("{}: {e}", path.display()))
 }
 
-/// `scheme://host[:port]` of a URL.
+/// `scheme://host[:port]` of a URL, as written (for joining a path).
 fn origin(url: &str) -> &str {
     let after = url.find("://").map_or(0, |i| i + 3);
     url[after..].find('/').map_or(url, |i| &url[..after + i])

@@ -11,6 +11,7 @@ use crate::backend::{
 };
 use crate::error::{CmplError, ErrorKind, Result};
 use crate::request::Request;
+use crate::url::Origin;
 use dialect::{Answer, Delta, Dialect};
 use std::collections::VecDeque;
 use std::io::{BufReader, Read};
@@ -78,13 +79,12 @@ impl Client {
     /// its dialect and, when `model` is `None`, the model to use.
     fn connect(endpoint: &Endpoint, model: Option<String>) -> Result<Client> {
         let base = endpoint.base_url.trim_end_matches('/').to_string();
-        let lower = base.to_ascii_lowercase();
-        if !(lower.starts_with("http://") || lower.starts_with("https://")) {
-            return Err(CmplError::invalid(
+        let origin = Origin::parse(&base).map_err(|e| {
+            CmplError::invalid(
                 "base_url",
-                format!("--base-url {base:?} is not an http:// or https:// URL; give the API root, like http://127.0.0.1:8080/v1"),
-            ));
-        }
+                format!("--base-url {e}; give the API root, like http://127.0.0.1:8080/v1 (a key goes in CMPL_API_KEY)"),
+            )
+        })?;
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_connect(Some(endpoint.connect_timeout))
@@ -94,7 +94,7 @@ impl Client {
             .build()
             .into();
         let mut remote = Client {
-            key: api_key(&base),
+            key: api_key(&origin),
             base,
             agent,
             dialect: Dialect::Contract,
@@ -693,9 +693,12 @@ fn placeholder() -> TokenInfo {
     }
 }
 
-/// The key for `base`: `CMPL_API_KEY`, else the hosted APIs' own variable,
-/// read only for their own hosts so that a key never goes elsewhere.
-fn api_key(base: &str) -> Option<ApiKey> {
+/// The key for `origin`: `CMPL_API_KEY`, else the hosted APIs' own
+/// variable, read only for their own hosts over https, so that a key never
+/// goes elsewhere. `CMPL_API_KEY` over plain http to another machine is
+/// sent (a LAN server is the user's choice) with a warning: anyone on the
+/// way can read it.
+fn api_key(origin: &Origin) -> Option<ApiKey> {
     let var = |name: &'static str| {
         std::env::var(name)
             .ok()
@@ -703,13 +706,18 @@ fn api_key(base: &str) -> Option<ApiKey> {
             .map(|value| ApiKey { value, var: name })
     };
     if let Some(key) = var("CMPL_API_KEY") {
+        if origin.scheme == "http" && !origin.is_loopback() {
+            eprintln!(
+                "cmpl: warning: CMPL_API_KEY is sent to {} over plain http://, readable on the way; use https:// where the server has it",
+                origin.host
+            );
+        }
         return Some(key);
     }
-    let host = base
-        .split_once("://")
-        .map_or("", |(_, rest)| rest.split(['/', ':']).next().unwrap_or(""))
-        .to_ascii_lowercase();
-    match host.as_str() {
+    if origin.scheme != "https" || origin.port != 443 {
+        return None;
+    }
+    match origin.host.as_str() {
         "api.together.xyz" | "api.together.ai" => var("TOGETHER_API_KEY"),
         "api.openai.com" => var("OPENAI_API_KEY"),
         _ => None,

@@ -1,15 +1,29 @@
 //! Server-Sent Events as servers send them: `data:` lines, one event per
 //! blank line, comments (`: ping`) skipped, `[DONE]` the end.
 
-use std::io::BufRead;
+use std::io::{BufRead, Read};
+
+/// The most one event may hold: a chunk with 20 alternatives per token is a
+/// few KiB, so this is only ever reached by a server gone wrong, which must
+/// not take this process's memory with it.
+pub const EVENT_LIMIT: usize = 4 << 20;
 
 /// The data of the next event; `None` at `[DONE]` or the end of the body.
+/// A line or event over `EVENT_LIMIT` is an error (`InvalidData`).
 pub fn next_event(reader: &mut impl BufRead) -> std::io::Result<Option<String>> {
     let mut data: Option<String> = None;
     let mut line = String::new();
     loop {
         line.clear();
-        if reader.read_line(&mut line)? == 0 {
+        let room = EVENT_LIMIT - data.as_ref().map_or(0, String::len);
+        let read = reader.by_ref().take(room as u64 + 1).read_line(&mut line)?;
+        if line.len() > room {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("an event over {} MiB", EVENT_LIMIT >> 20),
+            ));
+        }
+        if read == 0 {
             return Ok(data.filter(|d| d != "[DONE]"));
         }
         let text = line.trim_end_matches(['\n', '\r']);
@@ -53,5 +67,27 @@ mod tests {
         let mut r = std::io::Cursor::new("data: last");
         assert_eq!(next_event(&mut r).unwrap().as_deref(), Some("last"));
         assert_eq!(next_event(&mut r).unwrap(), None);
+    }
+
+    #[test]
+    fn an_endless_line_or_event_is_an_error_not_memory() {
+        // A line that never ends: read no further than the limit.
+        let endless = std::io::repeat(b'x');
+        let mut r =
+            std::io::BufReader::new(std::io::Cursor::new(b"data: ".to_vec()).chain(endless));
+        let e = next_event(&mut r).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+        // Many short data lines that never end their event.
+        let line = format!("data: {}\n", "y".repeat(1000));
+        let many = line.repeat(EVENT_LIMIT / 1000 + 10);
+        let mut r = std::io::Cursor::new(many);
+        assert!(next_event(&mut r).is_err());
+        // Just under the limit is fine.
+        let ok = format!("data: {}\n\n", "z".repeat(EVENT_LIMIT - 100));
+        let mut r = std::io::Cursor::new(ok);
+        assert_eq!(
+            next_event(&mut r).unwrap().map(|d| d.len()),
+            Some(EVENT_LIMIT - 100)
+        );
     }
 }

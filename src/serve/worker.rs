@@ -64,27 +64,46 @@ impl Write for Channel {
     }
 }
 
-/// Serves what arrives on `submissions` until it closes and all are answered.
+/// Serves what arrives on `submissions` until it closes and all are
+/// answered, or `abort` is set. `ready` hears once the engine can take
+/// requests (its context made); an error before that drops it unheard.
 pub fn run(
     engine: &Engine,
     parallel: u32,
     ctx_size: Option<u32>,
     submissions: mpsc::Receiver<Submission>,
+    ready: mpsc::Sender<()>,
+    abort: &AtomicBool,
 ) -> Result<()> {
     let clients: RefCell<HashMap<usize, Client>> = RefCell::new(HashMap::new());
     let mut index = 0usize;
+    let mut ready = Some(ready);
     let mut next = |wait: bool| {
-        let submission = if wait {
-            match submissions.recv() {
-                Ok(s) => s,
-                Err(_) => return Arrival::Closed,
+        if let Some(ready) = ready.take() {
+            let _ = ready.send(());
+        }
+        let submission = loop {
+            let submission = if wait {
+                match submissions.recv() {
+                    Ok(s) => s,
+                    Err(_) => return Arrival::Closed,
+                }
+            } else {
+                match submissions.try_recv() {
+                    Ok(s) => s,
+                    Err(mpsc::TryRecvError::Empty) => return Arrival::Empty,
+                    Err(mpsc::TryRecvError::Disconnected) => return Arrival::Closed,
+                }
+            };
+            // A client that left while its request waited costs nothing more.
+            if submission.tx.is_closed() {
+                eprintln!(
+                    "cmpl: POST {} 499 0 tokens 0.000 s (left while queued)",
+                    submission.path
+                );
+                continue;
             }
-        } else {
-            match submissions.try_recv() {
-                Ok(s) => s,
-                Err(mpsc::TryRecvError::Empty) => return Arrival::Empty,
-                Err(mpsc::TryRecvError::Disconnected) => return Arrival::Closed,
-            }
+            break submission;
         };
         let stream = submission.request.stream;
         let format = if stream { Format::Sse } else { Format::Json };
@@ -162,9 +181,8 @@ pub fn run(
         }
     };
     // Ctrl-C stops the server by closing `submissions`; requests in flight
-    // finish (a second signal exits at once).
-    let never = AtomicBool::new(false);
-    engine.serve(parallel, ctx_size, &mut next, &never, &mut sink)
+    // finish, until the drain time sets `abort` (a second signal exits at once).
+    engine.serve(parallel, ctx_size, &mut next, abort, &mut sink)
 }
 
 fn cancelled() -> CmplError {

@@ -105,6 +105,25 @@ impl Cmpl {
         self
     }
 
+    /// Runs it under a descriptor limit of `fds`, soft and hard.
+    pub fn fd_limit(mut self, fds: u64) -> Self {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: only setrlimit runs between fork and exec.
+        unsafe {
+            self.cmd.pre_exec(move || {
+                let limit = libc::rlimit {
+                    rlim_cur: fds,
+                    rlim_max: fds,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        self
+    }
+
     pub fn args<S: AsRef<std::ffi::OsStr>>(mut self, args: impl IntoIterator<Item = S>) -> Self {
         self.cmd.args(args);
         self

@@ -2,7 +2,7 @@
 //! harness (the test model, no user config), on a port it picks; stopped
 //! when dropped, on failure too.
 
-use super::run::cmpl;
+use super::run::{cmpl, Cmpl};
 use std::io::{BufRead, BufReader};
 use std::process::Child;
 use std::sync::{Arc, Mutex};
@@ -18,14 +18,24 @@ pub struct Served {
 impl Served {
     /// `cmpl --serve 127.0.0.1:0` with `extra` flags and `env`.
     pub fn start(extra: &[&str], env: &[(&str, &str)]) -> Served {
+        let mut c = Served::command(extra);
+        for (k, v) in env {
+            c = c.env(k, v);
+        }
+        Served::spawn(c)
+    }
+
+    /// The command `start` runs, to adjust before `spawn`.
+    pub fn command(extra: &[&str]) -> Cmpl {
         let mut args = vec!["--serve", "127.0.0.1:0", "-t", "2"];
         args.extend(extra);
         // Its OpenMP threads sleep when idle instead of spinning, so that two
         // test servers and their clients on two cores do not starve each other.
-        let mut c = cmpl(&args).env("OMP_WAIT_POLICY", "PASSIVE");
-        for (k, v) in env {
-            c = c.env(k, v);
-        }
+        cmpl(&args).env("OMP_WAIT_POLICY", "PASSIVE")
+    }
+
+    /// Starts `c` and waits (at most a minute) until it says where it serves.
+    pub fn spawn(c: Cmpl) -> Served {
         let mut child = c.spawn();
         let stderr = child.stderr.take().expect("stderr");
         let log = Arc::new(Mutex::new(Vec::new()));
@@ -63,6 +73,19 @@ impl Served {
     }
 
     pub fn send(&self, method: &str, path: &str, body: &str, key: Option<&str>) -> (u16, String) {
+        let auth = key.map(|k| format!("Bearer {k}"));
+        let headers: Vec<(&str, &str)> =
+            auth.iter().map(|a| ("Authorization", a.as_str())).collect();
+        self.send_with(method, path, body, &headers)
+    }
+
+    pub fn send_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: &str,
+        headers: &[(&str, &str)],
+    ) -> (u16, String) {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(Duration::from_secs(600)))
@@ -71,8 +94,8 @@ impl Served {
         let mut request = ureq::http::Request::builder()
             .method(method)
             .uri(format!("{}{path}", self.root()));
-        if let Some(k) = key {
-            request = request.header("Authorization", format!("Bearer {k}"));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
         }
         let mut r = agent.run(request.body(body).unwrap()).expect("request");
         let status = r.status().as_u16();
