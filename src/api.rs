@@ -124,7 +124,10 @@ pub struct ChunkToken {
 pub struct ChunkChoice {
     pub index: u32,
     pub text: String,
-    pub delta: ChunkDelta,
+    /// The contract's chat-style delta; left out for OpenAI's stream
+    /// protocol (see `Request::openai_stream`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delta: Option<ChunkDelta>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

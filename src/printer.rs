@@ -37,6 +37,8 @@ pub struct Printer<W: Write> {
     /// tokens by probability when logprobs were asked for.
     color: bool,
     heat_map: bool,
+    /// Chunks as OpenAI's completions stream sends them (no `delta`).
+    openai_stream: bool,
 }
 
 impl<W: Write> Printer<W> {
@@ -64,6 +66,7 @@ impl<W: Write> Printer<W> {
             at_line_start: true,
             color,
             heat_map: color && request.logprobs.is_some() && request.n == 1,
+            openai_stream: request.openai_stream,
         }
     }
 
@@ -240,11 +243,11 @@ impl<W: Write> Printer<W> {
             choices: vec![ChunkChoice {
                 index: choice,
                 text: text.to_string(),
-                delta: ChunkDelta {
+                delta: (!self.openai_stream).then(|| ChunkDelta {
                     role: "assistant",
                     token_id: token.id,
                     content: text.to_string(),
-                },
+                }),
             }],
             finish_reason: finish,
             usage,

@@ -147,6 +147,10 @@ pub struct Request {
     pub n: u32,
     /// The seed of choice 0; choice i uses `seed + i`. Drawn at random when absent.
     pub seed: Option<u32>,
+    /// The request has OpenAI's `stream_options`, so its client speaks
+    /// OpenAI's stream protocol: chunks without the contract's `delta`
+    /// object, which OpenAI clients such as `llm` take for a chat chunk.
+    pub openai_stream: bool,
 }
 
 impl Request {
@@ -212,6 +216,7 @@ impl Request {
             echo: boolean(raw, "echo")?.unwrap_or(false),
             n: integer(raw, "n", 1, 128)?.map_or(1, |v| v as u32),
             seed: integer(raw, "seed", 0, i64::from(u32::MAX))?.map(|v| v as u32),
+            openai_stream: raw.get("stream_options").is_some(),
         })
     }
 }
