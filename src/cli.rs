@@ -288,11 +288,15 @@ pub fn gpu_backends() -> Vec<&'static str> {
     .collect()
 }
 
+/// The version, and what llama.cpp was built with: the CPU features its
+/// kernels were compiled for (so a bug report carries them) and the GPU
+/// backends.
 pub fn version_text() -> String {
     let gpus = gpu_backends();
     format!(
-        "cmpl {} (llama.cpp via llama-cpp-2; GPU backends: {})",
+        "cmpl {} (llama.cpp via llama-cpp-2; CPU features: {}; GPU backends: {})",
         env!("CARGO_PKG_VERSION"),
+        crate::engine::cpu_features().join(" "),
         if gpus.is_empty() {
             "none, CPU only".to_string()
         } else {

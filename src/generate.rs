@@ -97,7 +97,8 @@ const SECTIONS: &[(&str, &[&str])] = &[
         &[
             "Text mode prints the completion and nothing else on standard output; on a terminal tokens appear \
              as they are generated and a final newline is added. With -n above 1, each choice is printed under \
-             a '--- choice I (seed S, REASON) ---' header. --json prints one CompletionResponse object on one \
+             a '--- choice I (seed S, REASON) ---' header on a terminal; piped, standard output holds only the \
+             texts, a newline between two, and the headers go to standard error. --json prints one CompletionResponse object on one \
              line; --stream --json prints Server-Sent Events, one 'data: <CompletionChunk>' per token and a \
              final 'data: [DONE]'. --batch prints one JSON line per input line.",
             "With --logprobs on a terminal, text mode colours each generated token by its probability (a \
@@ -122,7 +123,9 @@ const SECTIONS: &[(&str, &[&str])] = &[
              base_url comes last).",
             "CMPL_API_KEY: the key sent to that server as 'Authorization: Bearer'. It is never taken on the \
              command line, printed or logged. Without it, TOGETHER_API_KEY is read for api.together.xyz and \
-             OPENAI_API_KEY for api.openai.com, and for no other host. With --serve, the key clients must send \
+             OPENAI_API_KEY for api.openai.com, over https only, and for no other host; a --base-url with user \
+             information (user@host) is refused, and CMPL_API_KEY over plain http to a host that is not \
+             loopback is sent with a warning. With --serve, the key clients must send \
              (required to serve on an address other than loopback).",
             "CMPL_API_KEY_FILE: with --serve, a file whose first line is that key, when CMPL_API_KEY is unset.",
             "NO_COLOR: when set and not empty, no colour (as --color never).",

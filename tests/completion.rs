@@ -2,14 +2,30 @@
 
 mod common;
 use common::run::{cmpl, cmpl_on_a_terminal};
-use common::schema::assert_valid;
+use common::schema::{assert_valid, follows_single_run, near_recorded, top_logprobs_in_order};
 use serde_json::Value;
+use std::sync::OnceLock;
 
 const FRANCE: &str = "The capital of France is";
-/// Greedy continuations recorded from a reference run on the test model.
-const FRANCE_24: &str = " the capital of the country of France. It is the largest city in France. It is the capital of the country of";
-const FIB_24: &str = "\n    if n == 0:\n        return 0\n    elif n == 1:\n        return";
-const COUNT_24: &str = " 5, 6, 7, 8, 9, 10, 11, ";
+/// Greedy continuations (24 tokens) recorded on the development machine
+/// (Intel Xeon, AVX-512): another CPU may part from them at a near-tie.
+const FRANCE_RECORDED: &str = " the capital of the country of France. It is the largest city in France. It is the capital of the country of";
+const FIB_RECORDED: &str = "\n    if n == 0:\n        return 0\n    elif n == 1:\n        return";
+const COUNT_RECORDED: &str = " 5, 6, 7, 8, 9, 10, 11, ";
+
+/// The greedy continuation on this machine, which every other path here
+/// must give exactly: checked once against the recorded text (up to a
+/// near-tie), then the reference.
+fn reference(prompt: &str, recorded: &str) -> String {
+    let v = greedy(prompt, &["--logprobs", "5"]);
+    near_recorded(&v, recorded);
+    text_of(&v, 0).to_string()
+}
+
+fn france_24() -> &'static str {
+    static TEXT: OnceLock<String> = OnceLock::new();
+    TEXT.get_or_init(|| reference(FRANCE, FRANCE_RECORDED))
+}
 
 fn greedy(prompt: &str, extra: &[&str]) -> Value {
     let mut args = vec![prompt, "--max-tokens", "24", "--temperature", "0", "--json"];
@@ -26,22 +42,24 @@ fn text_of(v: &Value, i: usize) -> &str {
 }
 
 #[test]
-fn greedy_output_is_exact() {
-    for (prompt, expected) in [
-        (FRANCE, FRANCE_24),
-        ("def fibonacci(n):", FIB_24),
-        ("1, 2, 3, 4,", COUNT_24),
+fn greedy_output_is_the_recorded_text_up_to_a_near_tie() {
+    for (prompt, recorded) in [
+        (FRANCE, FRANCE_RECORDED),
+        ("def fibonacci(n):", FIB_RECORDED),
+        ("1, 2, 3, 4,", COUNT_RECORDED),
     ] {
-        let v = greedy(prompt, &[]);
-        assert_eq!(text_of(&v, 0), expected, "prompt {prompt:?}");
+        let v = greedy(prompt, &["--logprobs", "5"]);
+        near_recorded(&v, recorded);
         assert_eq!(v["choices"][0]["finish_reason"], "length");
+        // Logprobs change nothing: the same text without them.
+        assert_eq!(text_of(&greedy(prompt, &[]), 0), text_of(&v, 0));
     }
 }
 
 #[test]
 fn text_mode_prints_exactly_the_completion() {
     let out = cmpl(&[FRANCE, "--max-tokens", "24", "--temperature", "0"]).run();
-    assert_eq!(out.ok(), FRANCE_24);
+    assert_eq!(out.ok(), france_24());
     assert_eq!(
         out.stderr, "",
         "nothing on stderr when it is not a terminal"
@@ -51,7 +69,7 @@ fn text_mode_prints_exactly_the_completion() {
 #[test]
 fn echo_in_text_mode_prints_the_prompt_first() {
     let out = cmpl(&[FRANCE, "--max-tokens", "24", "--temperature", "0", "--echo"]).run();
-    assert_eq!(out.ok(), format!("{FRANCE}{FRANCE_24}"));
+    assert_eq!(out.ok(), format!("{FRANCE}{}", france_24()));
 }
 
 #[test]
@@ -116,7 +134,7 @@ fn stream_json_is_server_sent_events() {
         assert_eq!(c["usage"].is_null(), !last);
         text.push_str(c["choices"][0]["text"].as_str().unwrap());
     }
-    assert_eq!(text, FRANCE_24);
+    assert_eq!(text, france_24());
     let last = chunks.last().unwrap();
     assert_eq!(last["finish_reason"], "length");
     assert_eq!(last["usage"]["completion_tokens"], 24);
@@ -134,7 +152,7 @@ fn stream_text_mode_prints_the_same_text() {
         "--stream",
     ])
     .run();
-    assert_eq!(out.ok(), FRANCE_24);
+    assert_eq!(out.ok(), france_24());
 }
 
 #[test]
@@ -183,7 +201,7 @@ fn logprobs_are_the_models_own() {
     assert_eq!(tokens.len(), 24);
     assert_eq!(lp["token_ids"].as_array().unwrap().len(), 24);
     let joined: String = tokens.iter().map(|t| t.as_str().unwrap()).collect();
-    assert_eq!(joined, FRANCE_24);
+    assert_eq!(joined, france_24());
     let tops = lp["top_logprobs"].as_array().unwrap();
     for (i, top) in tops.iter().enumerate() {
         let top = top.as_object().unwrap();
@@ -309,8 +327,8 @@ fn n_choices_share_the_prompt_and_report_their_seeds() {
     assert_eq!(again.json()["choices"], v["choices"]);
     // Greedy choices are all the greedy text.
     let g = greedy(FRANCE, &["-n", "2"]);
-    assert_eq!(text_of(&g, 0), FRANCE_24);
-    assert_eq!(text_of(&g, 1), FRANCE_24);
+    assert_eq!(text_of(&g, 0), france_24());
+    assert_eq!(text_of(&g, 1), france_24());
 }
 
 #[test]
@@ -329,7 +347,7 @@ fn n_in_text_mode_prints_each_choice_under_a_header() {
         "1",
     ])
     .run();
-    assert_eq!(out.ok(), format!("{FRANCE_24}\n{FRANCE_24}"));
+    assert_eq!(out.ok(), format!("{0}\n{0}", france_24()));
     assert_eq!(
         out.stderr,
         "--- choice 0 (seed 1, length) ---\n--- choice 1 (seed 2, length) ---\n"
@@ -338,9 +356,15 @@ fn n_in_text_mode_prints_each_choice_under_a_header() {
         "{FRANCE:?} -n 2 --max-tokens 24 --temperature 0 --seed 1 --color never"
     ))
     .run();
+    // The load's progress bar (stderr, the same terminal) clears its line last.
+    let printed = out.ok().replace("\r\n", "\n");
+    let printed = printed.rsplit("\u{1b}[2K").next().unwrap();
     assert_eq!(
-        out.ok().replace("\r\n", "\n"),
-        format!("--- choice 0 (seed 1, length) ---\n{FRANCE_24}\n--- choice 1 (seed 2, length) ---\n{FRANCE_24}\n")
+        printed,
+        format!(
+            "--- choice 0 (seed 1, length) ---\n{0}\n--- choice 1 (seed 2, length) ---\n{0}\n",
+            france_24()
+        )
     );
 }
 
@@ -377,7 +401,7 @@ fn json_request_on_stdin_and_flags_override_it() {
     assert_valid("CompletionResponse", &v);
     assert_eq!(
         text_of(&v, 0),
-        FRANCE_24,
+        france_24(),
         "a JSON request is answered in JSON"
     );
     let out = cmpl(&["--max-tokens", "3"]).stdin(&request).run();
@@ -397,7 +421,7 @@ fn plain_text_on_stdin_is_the_prompt() {
     let out = cmpl(&["--max-tokens", "24", "--temperature", "0"])
         .stdin(FRANCE)
         .run();
-    assert_eq!(out.ok(), FRANCE_24);
+    assert_eq!(out.ok(), france_24());
     // --prompt-file - reads text even when it looks like JSON.
     let out = cmpl(&["--prompt-file", "-", "--max-tokens", "2", "--json"])
         .stdin("{not json")
@@ -460,7 +484,7 @@ fn request_file_is_read_as_json() {
     .unwrap();
     let out = cmpl(&["--request", file.to_str().unwrap()]).run();
     out.ok();
-    assert_eq!(text_of(&out.json(), 0), FRANCE_24);
+    assert_eq!(text_of(&out.json(), 0), france_24());
 }
 
 /// Each sampling flag changes the output the way it should.
@@ -483,10 +507,10 @@ fn sampling_flags_take_effect() {
         text_of(&out.json(), 0).to_string()
     };
     // Truncating to the single best token makes any temperature greedy.
-    assert_eq!(sampled(&["--top-k", "1"]), FRANCE_24);
-    assert_eq!(sampled(&["--top-p", "0"]), FRANCE_24);
-    assert_eq!(sampled(&["--min-p", "1"]), FRANCE_24);
-    assert_ne!(sampled(&[]), FRANCE_24, "temperature 1.5 samples");
+    assert_eq!(sampled(&["--top-k", "1"]), france_24());
+    assert_eq!(sampled(&["--top-p", "0"]), france_24());
+    assert_eq!(sampled(&["--min-p", "1"]), france_24());
+    assert_ne!(sampled(&[]), france_24(), "temperature 1.5 samples");
     // Penalties push greedy decoding off its repetitive path.
     for flag in [
         "--repetition-penalty",
@@ -494,7 +518,7 @@ fn sampling_flags_take_effect() {
         "--frequency-penalty",
     ] {
         let v = greedy(FRANCE, &[flag, "1.5"]);
-        assert_ne!(text_of(&v, 0), FRANCE_24, "{flag} has no effect");
+        assert_ne!(text_of(&v, 0), france_24(), "{flag} has no effect");
     }
     // Banning the greedy first token (" the" = 506) changes the first token.
     let v = greedy(FRANCE, &["--logit-bias", "506=-100", "--logprobs", "0"]);
@@ -516,7 +540,7 @@ fn context_size_limits_generation() {
 #[test]
 fn threads_flag_keeps_greedy_output() {
     let v = greedy(FRANCE, &["-t", "1"]);
-    assert_eq!(text_of(&v, 0), FRANCE_24);
+    assert_eq!(text_of(&v, 0), france_24());
 }
 
 #[test]
@@ -609,34 +633,45 @@ fn draws_follow_the_models_distribution_and_top_p() {
         &["-n", "3", "--temperature", "0.001", "--seed", "5"],
     );
     for i in 0..3 {
-        assert_eq!(text_of(&v, i), FRANCE_24);
+        assert_eq!(text_of(&v, i), france_24());
     }
 }
 
 #[test]
 fn no_repack_loads_the_weights_as_stored() {
-    // llama.cpp's log names the buffer of repacked weights; --no-repack has none.
-    let repack_buffer = |extra: &[&str]| {
+    // llama.cpp's log names the buffer of repacked weights; --no-repack has
+    // none. Its kernels differ, so its text follows the default's up to a
+    // near-tie (on AVX-512 they part at token 5 of this prompt).
+    let run = |extra: &[&str]| {
         let mut args = vec![
             FRANCE,
             "--max-tokens",
             "24",
             "--temperature",
             "0",
+            "--logprobs",
+            "5",
+            "--json",
             "--verbose",
         ];
         args.extend_from_slice(extra);
         let out = cmpl(&args).run();
-        assert_eq!(out.ok(), FRANCE_24);
+        out.ok();
         assert!(
             out.stderr.contains("cmpl: model loaded in "),
             "{}",
             out.stderr
         );
-        out.stderr.contains("CPU_REPACK model buffer size")
+        (
+            out.json(),
+            out.stderr.contains("CPU_REPACK model buffer size"),
+        )
     };
-    assert!(repack_buffer(&[]), "the default repacks (as llama.cpp)");
-    assert!(!repack_buffer(&["--no-repack"]));
+    let (repacked, has_buffer) = run(&[]);
+    assert!(has_buffer, "the default repacks (as llama.cpp)");
+    let (stored, has_buffer) = run(&["--no-repack"]);
+    assert!(!has_buffer);
+    follows_single_run(&stored, &repacked);
 }
 
 #[test]
@@ -679,4 +714,35 @@ fn stream_with_echo_sends_the_prompt_tokens_first() {
     assert_eq!(text, format!("{FRANCE} the capital of"));
     assert_eq!(chunks[0]["token"]["special"], true, "BOS");
     assert!(chunks[..6].iter().all(|c| c["finish_reason"].is_null()));
+}
+
+#[test]
+fn top_logprobs_come_best_first() {
+    // As the hosted API and OpenAI list them, not sorted by token text.
+    let out = cmpl(&[
+        FRANCE,
+        "--max-tokens",
+        "8",
+        "--temperature",
+        "0",
+        "--logprobs",
+        "5",
+        "--json",
+    ])
+    .run();
+    let v = out.json();
+    let tops = top_logprobs_in_order(out.ok());
+    assert_eq!(tops.len(), 8);
+    for (i, top) in tops.iter().enumerate() {
+        assert!(top.len() >= 4, "{top:?}");
+        assert!(
+            top.windows(2).all(|w| w[0].1 >= w[1].1),
+            "position {i} not best first: {top:?}"
+        );
+        // Greedy: the best is the token taken.
+        assert_eq!(
+            top[0].0, v["choices"][0]["logprobs"]["tokens"][i],
+            "{top:?}"
+        );
+    }
 }

@@ -148,7 +148,7 @@ const CASES: &[Case] = &[
         "integer from 1",
     ),
     body(
-        "{\"prompt\": \"hi\", \"stop\": \"\\n\"}",
+        "{\"prompt\": \"hi\", \"stop\": {\"x\": 1}}",
         "stop",
         "list of strings",
     ),

@@ -114,7 +114,8 @@ fn a_huge_prompt_is_refused_quickly() {
 
 #[test]
 fn a_kv_cache_that_cannot_fit_is_refused_before_allocating() {
-    let out = cmpl(&["hi", "-n", "128", "--max-tokens", "30000", "--json"]).run();
+    // Two billion cells: terabytes, on any machine.
+    let out = cmpl(&["hi", "--ctx-size", "2000000000", "--json"]).run();
     let stderr = out.fails(1, "of KV cache");
     assert!(stderr.contains("GiB"), "says how much: {stderr}");
     assert_eq!(out.json()["error"]["type"], "context_length_exceeded");

@@ -75,15 +75,33 @@ fn answers_exactly_what_the_command_line_prints() {
     assert!(log.contains("POST /v1/completions 200 12 tokens"), "{log}");
 }
 
+/// The command line's greedy answers to FRANCE on this machine (6 tokens;
+/// 30 with stop "."), which the SDK scripts hold the server to.
+fn france_answers() -> (String, String) {
+    let six = cmpl(&[FRANCE, "--max-tokens", "6", "--temperature", "0"]).run();
+    let stop = cmpl(&[
+        FRANCE,
+        "--max-tokens",
+        "30",
+        "--temperature",
+        "0",
+        "--stop",
+        ".",
+    ])
+    .run();
+    (six.ok().to_string(), stop.ok().to_string())
+}
+
 #[test]
 fn the_official_sdks_run_unchanged() {
     let server = Served::start(&[], &[]);
     let python =
         std::env::var_os("CMPL_SDK_PYTHON").expect("CMPL_SDK_PYTHON (scripts/test sets it)");
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sdk_server.py");
+    let (six, stop) = france_answers();
     let out = std::process::Command::new(python)
         .arg(script)
-        .args([&server.root(), "gemma-3-270m-q4_k_m.gguf"])
+        .args([&server.root(), "gemma-3-270m-q4_k_m.gguf", &six, &stop])
         .output()
         .unwrap();
     assert!(
@@ -103,9 +121,10 @@ fn clients_in_the_wild_run_unchanged() {
     let python =
         std::env::var_os("CMPL_SDK_PYTHON").expect("CMPL_SDK_PYTHON (scripts/test sets it)");
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/wild_clients.py");
+    let (six, stop) = france_answers();
     let out = std::process::Command::new(python)
         .arg(script)
-        .arg(server.root())
+        .args([&server.root(), &six, &stop])
         .output()
         .unwrap();
     assert!(

@@ -8,15 +8,14 @@ import os, subprocess, sys, tempfile
 from openai import OpenAI
 from langchain_openai import OpenAI as LangChainOpenAI
 
-root = sys.argv[1]
+root, FRANCE_6, FRANCE_STOP = sys.argv[1:4]
 api = root + "/v1"
 france = "The capital of France is"
 count = "1, 2, 3,"
-FRANCE_6 = " the capital of the country of"
 
 client = OpenAI(base_url=api, api_key="unused", max_retries=0)
 c = client.completions.create(model="m", prompt=france, max_tokens=30, temperature=0, stop=".", user="u1")
-assert c.choices[0].text == " the capital of the country of France" and c.choices[0].finish_reason == "stop", c
+assert c.choices[0].text == FRANCE_STOP and c.choices[0].finish_reason == "stop", c
 text, usage = "", None
 for chunk in client.completions.create(model="m", prompt=france, max_tokens=6, temperature=0, stream=True,
                                        stream_options={"include_usage": True}):

@@ -49,7 +49,7 @@ pub fn cmpl_on_a_terminal(args: &str) -> Cmpl {
     Cmpl { cmd, stdin: None }
 }
 
-fn isolate(cmd: &mut Command) {
+pub fn isolate(cmd: &mut Command) {
     // A config folder that does not exist: no user config leaks into a test.
     cmd.env("XDG_CONFIG_HOME", "/nonexistent/cmpl-tests")
         .env_remove("CMPL_CONFIG")

@@ -102,3 +102,88 @@ pub fn assert_valid(name: &str, value: &Value) {
         );
     }
 }
+
+/// Asserts that a greedy answer (`answer`, a response with logprobs for
+/// choice 0) is `recorded`, a text recorded on another machine, up to a
+/// near-tie: llama.cpp built for other instruction sets rounds differently
+/// in the last bits, so where the top two tokens nearly tie the text may
+/// part. At the first token that parts from `recorded`, the recorded
+/// continuation must have been an alternative within rounding of the token
+/// taken; after it, anything may follow.
+pub fn near_recorded(answer: &Value, recorded: &str) {
+    let lp = &answer["choices"][0]["logprobs"];
+    let tokens = lp["tokens"].as_array().expect("logprobs asked for");
+    let mut rest = recorded;
+    for (i, token) in tokens.iter().enumerate() {
+        let token = token.as_str().unwrap();
+        if let Some(after) = rest.strip_prefix(token) {
+            rest = after;
+            continue;
+        }
+        let taken = lp["token_logprobs"][i].as_f64().unwrap();
+        let recorded_alt = lp["top_logprobs"][i]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(text, _)| !text.is_empty() && rest.starts_with(text.as_str()))
+            .filter_map(|(_, l)| l.as_f64())
+            .fold(f64::NEG_INFINITY, f64::max);
+        assert!(
+            taken - recorded_alt < ROUNDING,
+            "token {i} ({token:?}) parts from the recorded {recorded:?} with no near-tie ({taken} vs {recorded_alt}): {answer}"
+        );
+        return;
+    }
+    assert!(
+        rest.is_empty(),
+        "shorter than the recorded {recorded:?}: {answer}"
+    );
+}
+
+/// The `top_logprobs` maps of choice 0 in `json` (a response's text) with
+/// their keys in the order printed, which a `Value` would lose.
+pub fn top_logprobs_in_order(json: &str) -> Vec<Vec<(String, f64)>> {
+    use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+    struct Ordered(Vec<(String, f64)>);
+    impl<'de> Deserialize<'de> for Ordered {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V;
+            impl<'de> Visitor<'de> for V {
+                type Value = Ordered;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a map of token to logprob")
+                }
+                fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Ordered, A::Error> {
+                    let mut entries = Vec::new();
+                    while let Some(entry) = map.next_entry::<String, f64>()? {
+                        entries.push(entry);
+                    }
+                    Ok(Ordered(entries))
+                }
+            }
+            d.deserialize_map(V)
+        }
+    }
+    #[derive(serde::Deserialize)]
+    struct Logprobs {
+        top_logprobs: Vec<Ordered>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Choice {
+        logprobs: Logprobs,
+    }
+    #[derive(serde::Deserialize)]
+    struct Response {
+        choices: Vec<Choice>,
+    }
+    let r: Response = serde_json::from_str(json).expect("a response with logprobs");
+    r.choices
+        .into_iter()
+        .next()
+        .unwrap()
+        .logprobs
+        .top_logprobs
+        .into_iter()
+        .map(|o| o.0)
+        .collect()
+}
