@@ -58,8 +58,14 @@ fn blocks() -> Vec<Block> {
     found
 }
 
-/// What `.ci/run` runs itself: the set-up commands (the suite is one of them).
-const RUN_BY_CI: &[&str] = &["scripts/setup", "scripts/test", "scripts/test-gpu"];
+/// What `.ci/run` runs itself: the set-up commands (the suite is one of
+/// them) and the portable build (a second llama.cpp build).
+const RUN_BY_CI: &[&str] = &[
+    "scripts/setup",
+    "scripts/test",
+    "scripts/test-gpu",
+    "RUSTFLAGS=\"-C target-cpu=x86-64-v3\" cargo build --release --locked",
+];
 
 /// The files the examples name, as a user would have them.
 fn fixtures(dir: &Path) {

@@ -92,16 +92,17 @@ fn france_answers() -> (String, String) {
     (six.ok().to_string(), stop.ok().to_string())
 }
 
-#[test]
-fn the_official_sdks_run_unchanged() {
-    let server = Served::start(&[], &[]);
+/// Runs the Python script `tests/NAME` (with scripts/test's venv) with
+/// `args`; it must print "ok".
+fn python_script(name: &str, args: &[&str]) {
     let python =
         std::env::var_os("CMPL_SDK_PYTHON").expect("CMPL_SDK_PYTHON (scripts/test sets it)");
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sdk_server.py");
-    let (six, stop) = france_answers();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(name);
     let out = std::process::Command::new(python)
         .arg(script)
-        .args([&server.root(), "gemma-3-270m-q4_k_m.gguf", &six, &stop])
+        .args(args)
         .output()
         .unwrap();
     assert!(
@@ -114,26 +115,23 @@ fn the_official_sdks_run_unchanged() {
 }
 
 #[test]
+fn the_official_sdks_run_unchanged() {
+    let server = Served::start(&[], &[]);
+    let (six, stop) = france_answers();
+    let root = server.root();
+    python_script(
+        "sdk_server.py",
+        &[&root, "gemma-3-270m-q4_k_m.gguf", &six, &stop],
+    );
+}
+
+#[test]
 fn clients_in_the_wild_run_unchanged() {
     // The OpenAI SDK's own options, LangChain's completion model and the
     // `llm` tool (tests/wild_clients.py; scripts/test installs them).
     let server = Served::start(&["--parallel", "4"], &[]);
-    let python =
-        std::env::var_os("CMPL_SDK_PYTHON").expect("CMPL_SDK_PYTHON (scripts/test sets it)");
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/wild_clients.py");
     let (six, stop) = france_answers();
-    let out = std::process::Command::new(python)
-        .arg(script)
-        .args([&server.root(), &six, &stop])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
+    python_script("wild_clients.py", &[&server.root(), &six, &stop]);
 }
 
 #[test]
