@@ -99,21 +99,37 @@ impl RawRequest {
     }
 
     /// A `prompt` that lists several prompts, one request each (OpenAI's
-    /// meaning: the choices of prompt i come i-th); `None` for one prompt.
-    pub fn prompts(&self) -> Option<Vec<RawRequest>> {
+    /// meaning: the choices of prompt i come i-th), at most `limit`; `None`
+    /// for one prompt.
+    pub fn prompts(&self, limit: usize) -> Result<Option<Vec<RawRequest>>> {
         let Some(Value::Array(items)) = self.get("prompt") else {
-            return None;
+            return Ok(None);
         };
-        (items.len() > 1).then(|| {
+        if items.len() <= 1 {
+            return Ok(None);
+        }
+        if items.len() > limit {
+            return Err(CmplError::invalid(
+                "prompt",
+                format!(
+                    "`prompt` lists {} prompts and this server takes at most {limit} in one request; send the rest in another",
+                    items.len()
+                ),
+            ));
+        }
+        // Each copy without the list, which is as long as the copies are many.
+        let mut rest = self.clone();
+        rest.fields.remove("prompt");
+        Ok(Some(
             items
                 .iter()
                 .map(|item| {
-                    let mut one = self.clone();
+                    let mut one = rest.clone();
                     one.set("prompt", item.clone());
                     one
                 })
-                .collect()
-        })
+                .collect(),
+        ))
     }
 }
 
@@ -523,8 +539,10 @@ mod tests {
             ("Hi", 2, &["x".to_string()][..])
         );
         let raw = RawRequest::from_value(json!({"prompt": ["a", "b"], "n": 2}), "x").unwrap();
+        assert_eq!(raw.prompts(1).unwrap_err().param.as_deref(), Some("prompt"));
         let each: Vec<Request> = raw
-            .prompts()
+            .prompts(2)
+            .unwrap()
             .unwrap()
             .iter()
             .map(|r| Request::validate(r).unwrap())

@@ -170,6 +170,19 @@ fn a_list_of_prompts_is_answered_in_order() {
             a["usage"][key].as_u64().unwrap() + b["usage"][key].as_u64().unwrap()
         );
     }
+    // A list past the queue (8 places per slot, 32 here) is refused at once.
+    let many: Vec<&str> = vec!["a"; 33];
+    let (status, body) = server.post(&json!({"prompt": many}).to_string());
+    assert_eq!(status, 400, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["param"], "prompt");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("at most 32"),
+        "{body}"
+    );
     // Streamed, a list is refused by name; so is a list on the command line.
     let (status, body) = server.post(&json!({"prompt": ["a", "b"], "stream": true}).to_string());
     assert_eq!(status, 400, "{body}");

@@ -97,15 +97,21 @@ fn kv_bytes(info: &GgufInfo, shape: KvShape) -> Option<u64> {
             .checked_div(info.arch_u64("attention.head_count")?)?,
     };
     let v_dim = info.arch_u64("attention.value_length").unwrap_or(head_dim);
-    let cells = u64::from(shape.cells);
+    // llama.cpp pads the context to 256 cells, and each stream's share too.
+    let unified = shape.layout == Layout::Shared;
+    let streams = if unified {
+        1
+    } else {
+        u64::from(shape.seqs.max(1))
+    };
+    let n_ctx = u64::from(shape.cells).next_multiple_of(256);
+    let per_stream = if unified {
+        n_ctx
+    } else {
+        (n_ctx / streams).next_multiple_of(256)
+    };
+    let cells = streams * per_stream;
     let window_cells = sliding_window(info).map(|(window, is_swa)| {
-        let unified = shape.layout == Layout::Shared;
-        let streams = if unified {
-            1
-        } else {
-            u64::from(shape.seqs.max(1))
-        };
-        let per_stream = cells.div_ceil(streams);
         let ubatch = PROMPT_CHUNK.max(shape.seqs as usize) as u64;
         let want = window * if unified { u64::from(shape.seqs) } else { 1 } + ubatch;
         (streams * per_stream.min(want).next_multiple_of(256), is_swa)
@@ -262,10 +268,16 @@ mod tests {
             kv_bytes(&gemma, shared),
             Some((3 * 16384 + 15 * 2560) * per_cell)
         );
-        // A small context is smaller than the window: all of it.
+        // A small context is smaller than the window: all of it (padded to 256).
+        assert_eq!(kv_bytes(&gemma, pool(100)), Some(18 * 256 * per_cell));
+        // 4100 cells over 4 slots: 1280 per stream (llama.cpp pads both).
+        let odd = KvShape {
+            cells: 4100,
+            ..slots
+        };
         assert_eq!(
-            kv_bytes(&gemma, pool(100)),
-            Some(3 * 100 * per_cell + 15 * 256 * per_cell)
+            kv_bytes(&gemma, odd),
+            Some((3 * 4 * 1280 + 15 * 4 * 1024) * per_cell)
         );
         // An architecture llama.cpp gives no pattern: every layer full.
         entries.push(("context_length", MetaValue::UInt(1)));
@@ -286,16 +298,19 @@ mod tests {
         scalar.push(("attention.head_count_kv", MetaValue::UInt(2)));
         // 3 layers x 2 heads x (64 + 64) dims x 2 bytes per cell.
         assert_eq!(
-            kv_bytes(&info(&scalar), pool(10)),
-            Some(10 * 3 * 2 * 128 * 2)
+            kv_bytes(&info(&scalar), pool(500)),
+            Some(512 * 3 * 2 * 128 * 2)
         );
         let mut per_layer = common.to_vec();
         per_layer.push(("attention.head_count_kv", MetaValue::Ints(vec![2, 0, 4])));
         assert_eq!(
-            kv_bytes(&info(&per_layer), pool(10)),
-            Some(10 * 6 * 128 * 2)
+            kv_bytes(&info(&per_layer), pool(512)),
+            Some(512 * 6 * 128 * 2)
         );
         // No KV count at all: every head has its own keys and values.
-        assert_eq!(kv_bytes(&info(&common), pool(1)), Some(3 * 8 * 128 * 2));
+        assert_eq!(
+            kv_bytes(&info(&common), pool(1)),
+            Some(256 * 3 * 8 * 128 * 2)
+        );
     }
 }

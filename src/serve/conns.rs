@@ -1,7 +1,10 @@
 //! The open connections, bounded: at the bound, a newcomer takes the place
 //! of the connection idle the longest (one with no request in progress: a
 //! keep-alive client between requests, or one still trickling its headers),
-//! so idle or slow connections can never lock out a client with a request.
+//! so idle connections and slow headers can never lock out a client with a
+//! request. A connection with a request in progress (its body arriving, or
+//! its answer being sent) is not closed for a newcomer; bodies are bounded
+//! in time (30 s), answers are not yet.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -34,7 +34,7 @@ const QUEUE_PER_SLOT: usize = 8;
 /// How long a shutdown waits for requests in flight (`--drain-timeout`).
 pub const DEFAULT_DRAIN_SECS: u64 = 300;
 /// Connections open at once (fewer where the descriptor limit is lower):
-/// past it, new ones wait in the listen backlog.
+/// past it, a new one takes the place of the longest idle (see `conns`).
 const MAX_CONNECTIONS: usize = 4096;
 /// Descriptors kept for everything but connections (model, log, threads),
 /// at most a quarter of the limit.
@@ -89,14 +89,6 @@ pub fn run(
             ),
         ));
     }
-    let listener = std::net::TcpListener::bind(opts.addr).map_err(|e| {
-        CmplError::new(
-            ErrorKind::Unavailable,
-            format!("cannot listen on {}: {e}", opts.addr),
-        )
-    })?;
-    listener.set_nonblocking(true)?;
-    let addr = listener.local_addr()?;
     let connections = connection_limit();
     let (submit, submissions) = mpsc::channel();
     let shared = Arc::new(Shared {
@@ -130,6 +122,14 @@ pub fn run(
         // anything listens.
         return join(decoder);
     }
+    let listener = std::net::TcpListener::bind(opts.addr).map_err(|e| {
+        CmplError::new(
+            ErrorKind::Unavailable,
+            format!("cannot listen on {}: {e}", opts.addr),
+        )
+    })?;
+    listener.set_nonblocking(true)?;
+    let addr = listener.local_addr()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -142,12 +142,15 @@ pub fn run(
         &ended,
         opts.drain,
     ))?;
-    // No more requests: the decode loop ends once the last one is answered,
-    // or at once when the drain time ran out.
-    drop(shared);
     if stop == Stop::DrainExpired {
         abort.store(true, Ordering::SeqCst);
     }
+    // No more requests: the connections still open (a client that stopped
+    // reading its stream) go with the runtime, and with them the last
+    // handle on the queue, so the decode loop ends once the last request is
+    // answered, or at once when the drain time ran out.
+    runtime.shutdown_background();
+    drop(shared);
     match join(decoder) {
         Err(e) if e.kind == ErrorKind::Interrupted && stop == Stop::DrainExpired => {
             Err(CmplError::new(
@@ -363,7 +366,7 @@ async fn route(req: hyper::Request<Incoming>, shared: &Shared) -> Response {
 /// The token of an `Authorization: Bearer TOKEN` header; the scheme's
 /// name is case-insensitive in HTTP (`bearer`, `BEARER`).
 fn bearer(value: &str) -> Option<&str> {
-    let (scheme, token) = value.trim().split_once(' ')?;
+    let (scheme, token) = value.trim().split_once(char::is_whitespace)?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
@@ -380,9 +383,19 @@ async fn complete(req: hyper::Request<Incoming>, shared: &Shared) -> Response {
     drop(body);
     // One prompt: its answer as it comes. Several: one request each, their
     // choices in prompt order in one response (as OpenAI's API answers).
+    // Their queue places are taken together: all of them, or none.
+    let Some(places) = InFlight::reserve(shared, requests.len()) else {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &CmplError::new(
+                ErrorKind::Unavailable,
+                "the server is busy: too many requests waiting; retry later",
+            ),
+        );
+    };
     let mut answers = Vec::with_capacity(requests.len());
-    for request in requests {
-        match submit(request, &path, shared) {
+    for (request, place) in requests.into_iter().zip(places) {
+        match submit(request, place, &path, shared) {
             Ok(answer) => answers.push(answer),
             Err((status, e)) => return error(status, &e),
         }
@@ -480,6 +493,7 @@ fn busy(message: &str) -> Refusal {
 /// Hands `request` to the decode loop; its answer arrives on the receiver.
 fn submit(
     request: Request,
+    slot: InFlight,
     path: &str,
     shared: &Shared,
 ) -> std::result::Result<(bool, tokio::sync::mpsc::UnboundedReceiver<Out>), Refusal> {
@@ -488,12 +502,6 @@ fn submit(
         .clone()
         .unwrap_or_else(|| shared.model.clone());
     let stream = request.stream;
-    let slot = InFlight(shared.in_flight.clone());
-    if slot.0.fetch_add(1, Ordering::SeqCst) >= shared.queue_limit {
-        return Err(busy(
-            "the server is busy: too many requests waiting; retry later",
-        ));
-    }
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let submission = Submission {
         request: Request {
@@ -597,6 +605,17 @@ fn merge(merged: &mut Option<serde_json::Value>, mut one: serde_json::Value, i: 
 /// A request counted in flight until its answer is done (or refused).
 pub struct InFlight(Arc<AtomicUsize>);
 
+impl InFlight {
+    /// `count` places in the queue, or none when they would overfill it.
+    fn reserve(shared: &Shared, count: usize) -> Option<Vec<InFlight>> {
+        let before = shared.in_flight.fetch_add(count, Ordering::SeqCst);
+        let places: Vec<InFlight> = (0..count)
+            .map(|_| InFlight(shared.in_flight.clone()))
+            .collect();
+        (before + count <= shared.queue_limit).then_some(places)
+    }
+}
+
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
@@ -618,7 +637,8 @@ fn parse(body: &[u8], shared: &Shared) -> std::result::Result<Vec<Request>, Refu
         .defaults
         .clone()
         .overlay(RawRequest::from_json(text, "the request body").map_err(bad)?);
-    let Some(each) = raw.prompts() else {
+    // A list takes one queue place per prompt, so it is bounded by the queue.
+    let Some(each) = raw.prompts(shared.queue_limit).map_err(bad)? else {
         return Ok(vec![one(&raw, shared)?]);
     };
     let requests = each
@@ -689,14 +709,26 @@ fn json(status: StatusCode, body: String) -> Response {
         .unwrap_or_else(|_| hyper::Response::new(Full::new(Bytes::new()).boxed()))
 }
 
+/// An `ErrorData` response; a 503 says when to retry.
 fn error(status: StatusCode, e: &CmplError) -> Response {
-    json(status, e.to_error_data().to_string())
+    let mut r = json(status, e.to_error_data().to_string());
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        r.headers_mut().insert(
+            hyper::header::RETRY_AFTER,
+            hyper::header::HeaderValue::from_static("1"),
+        );
+    }
+    r
 }
 
 /// The key clients must send: `CMPL_API_KEY`, or the first line of the file
 /// `CMPL_API_KEY_FILE` names.
 fn api_key() -> Result<Option<String>> {
-    if let Some(key) = std::env::var("CMPL_API_KEY").ok().filter(|k| !k.is_empty()) {
+    if let Some(key) = std::env::var("CMPL_API_KEY")
+        .ok()
+        .map(|k| k.trim().to_string())
+        .filter(|k| !k.is_empty())
+    {
         return Ok(Some(key));
     }
     let Some(file) = std::env::var_os("CMPL_API_KEY_FILE").filter(|f| !f.is_empty()) else {
