@@ -209,7 +209,8 @@ impl Request {
             ));
         }
         let stop = stop(raw)?;
-        compat(raw)?;
+        let n = integer(raw, "n", 1, 128)?.map_or(1, |v| v as u32);
+        compat(raw, n)?;
         let sampling = Sampling {
             temperature: number(raw, "temperature", 0.0, 2.0)?.unwrap_or(DEFAULT_TEMPERATURE),
             top_p: number(raw, "top_p", 0.0, 1.0)?.unwrap_or(1.0),
@@ -230,7 +231,7 @@ impl Request {
             stream: boolean(raw, "stream")?.unwrap_or(false),
             logprobs: integer(raw, "logprobs", 0, 20)?.map(|v| v as u32),
             echo: boolean(raw, "echo")?.unwrap_or(false),
-            n: integer(raw, "n", 1, 128)?.map_or(1, |v| v as u32),
+            n,
             seed: integer(raw, "seed", 0, i64::from(u32::MAX))?.map(|v| v as u32),
             openai_stream: raw.get("stream_options").is_some(),
         })
@@ -339,7 +340,7 @@ fn repetition_penalty(raw: &RawRequest) -> Result<f32> {
 /// meaning here), `stream_options.include_usage` (the usage always comes, in
 /// the contract's place), `best_of` equal to `n` (the same request); a larger
 /// `best_of`, and `suffix` (insertion), are refused by name.
-fn compat(raw: &RawRequest) -> Result<()> {
+fn compat(raw: &RawRequest, n: u32) -> Result<()> {
     if let Some(v) = raw.get("user") {
         string(v, "user")?;
     }
@@ -374,9 +375,8 @@ fn compat(raw: &RawRequest) -> Result<()> {
             }
         }
     }
-    let n = integer(raw, "n", 1, 128)?.unwrap_or(1);
     if let Some(best_of) = integer(raw, "best_of", 1, 128)? {
-        if best_of != n {
+        if best_of != i64::from(n) {
             return Err(CmplError::invalid(
                 "best_of",
                 format!("`best_of` {best_of} is not supported: cmpl does not rank choices; leave it out (or equal to n) and pick from n choices with --logprobs"),

@@ -385,13 +385,8 @@ async fn complete(req: hyper::Request<Incoming>, shared: &Shared) -> Response {
     // choices in prompt order in one response (as OpenAI's API answers).
     // Their queue places are taken together: all of them, or none.
     let Some(places) = InFlight::reserve(shared, requests.len()) else {
-        return error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            &CmplError::new(
-                ErrorKind::Unavailable,
-                "the server is busy: too many requests waiting; retry later",
-            ),
-        );
+        let (status, e) = busy("the server is busy: too many requests waiting; retry later");
+        return error(status, &e);
     };
     let mut answers = Vec::with_capacity(requests.len());
     for (request, place) in requests.into_iter().zip(places) {
