@@ -121,6 +121,41 @@ pub struct JobResult {
     /// With echo: the prompt's tokens (scored when logprobs were asked).
     pub prompt: Option<Vec<TokenInfo>>,
     pub choices: Vec<ChoiceResult>,
+    /// Prompt lookup's draft tokens (`--lookup`), all choices together.
+    pub drafts: Drafts,
+}
+
+/// Tokens drafted by prompt lookup, and how many of them the model took.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Drafts {
+    pub drafted: u32,
+    pub accepted: u32,
+}
+
+impl Drafts {
+    pub fn add(&mut self, other: Drafts) {
+        self.drafted += other.drafted;
+        self.accepted += other.accepted;
+    }
+}
+
+impl std::fmt::Display for Drafts {
+    /// `lookup: 120 drafted, 97 accepted (81%)`, for --verbose and the server's log.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "lookup: {} drafted, {} accepted",
+            self.drafted, self.accepted
+        )?;
+        if self.drafted > 0 {
+            write!(
+                f,
+                " ({:.0}%)",
+                100.0 * f64::from(self.accepted) / f64::from(self.drafted)
+            )?;
+        }
+        Ok(())
+    }
 }
 
 /// A finished choice.

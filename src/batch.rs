@@ -3,7 +3,7 @@
 //! request's slots going to the next (the engine's continuous batching).
 
 use crate::api::ResponseHeader;
-use crate::backend::{Event, RunOptions};
+use crate::backend::{Drafts, Event, RunOptions};
 use crate::config::Config;
 use crate::error::{CmplError, Result};
 use crate::options::Invocation;
@@ -85,6 +85,7 @@ pub fn run(inv: &Invocation, config: &Config, file: Option<&Path>) -> Result<boo
         live: false,
     };
     let progress = Progress::new(requests.len() as u64);
+    let mut drafts = Drafts::default();
     let outcome = backend.run(requests, &opts, &INTERRUPTED, &mut |event| {
         match event {
             Event::Token { .. } => progress.token(),
@@ -95,6 +96,7 @@ pub fn run(inv: &Invocation, config: &Config, file: Option<&Path>) -> Result<boo
                 progress.done();
             }
             Event::Done { job, result } => {
+                drafts.add(result.drafts);
                 let (line, _, header, echoed, logprobs) = &meta[job];
                 let response = crate::printer::response(
                     header,
@@ -113,6 +115,9 @@ pub fn run(inv: &Invocation, config: &Config, file: Option<&Path>) -> Result<boo
         Ok(())
     });
     progress.finish();
+    if inv.runtime.verbose && inv.runtime.remote.is_none() {
+        eprintln!("cmpl: {drafts} (all lines)");
+    }
     outcome?;
     Ok(!out.failed)
 }

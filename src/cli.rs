@@ -188,6 +188,13 @@ pub struct Cli {
     #[arg(long, value_name = "N", help_heading = "Runtime")]
     pub n_gpu_layers: Option<u32>,
 
+    /// Prompt lookup: draft up to N tokens per step from the prompt and the
+    /// text so far (where the answer copies them: code edits, quotes,
+    /// extraction), verified in the same decode call; the text is the same
+    /// as without it. 0 turns it off [default: 15].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=64), help_heading = "Runtime")]
+    pub lookup: Option<u32>,
+
     /// Keep the weights as stored instead of repacking some into CPU-friendly
     /// layouts at load (as llama.cpp's --no-repack): less memory and a faster
     /// load, slower prompts and batches.
@@ -311,6 +318,7 @@ pub const CONFIG_RUNTIME_KEYS: &[&str] = &[
     "n_gpu_layers",
     "ctx_size",
     "parallel",
+    "lookup",
     "base_url",
     "connect_timeout",
     "read_timeout",
@@ -365,6 +373,7 @@ impl Cli {
                 ("--ctx-size", self.ctx_size.is_some()),
                 ("--n-gpu-layers", self.n_gpu_layers.is_some()),
                 ("--no-repack", self.no_repack),
+                ("--lookup", self.lookup.is_some()),
             ];
             if let Some((flag, _)) = local_only.iter().find(|(_, given)| *given) {
                 return Err(CmplError::invalid(
@@ -401,6 +410,7 @@ impl Cli {
                 ctx_size: self.ctx_size.or(from_config.ctx_size),
                 parallel: self.parallel.or(from_config.parallel),
                 repack: !self.no_repack,
+                lookup: self.lookup.or(from_config.lookup),
                 verbose: self.verbose,
                 remote,
             },

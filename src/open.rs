@@ -49,6 +49,7 @@ fn load(model: ModelRef, runtime: &Runtime) -> Result<&'static Engine> {
         n_gpu_layers: runtime.n_gpu_layers,
         repack: runtime.repack,
         verbose: runtime.verbose,
+        lookup: runtime.lookup.unwrap_or(crate::engine::DEFAULT_LOOKUP),
     };
     let bar = (std::io::stderr().is_terminal() && !runtime.verbose).then(|| {
         let bar = indicatif::ProgressBar::with_draw_target(

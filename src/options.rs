@@ -39,6 +39,8 @@ pub struct Runtime {
     pub ctx_size: Option<u32>,
     pub parallel: Option<u32>,
     pub repack: bool,
+    /// `--lookup`; `None`: the engine's default.
+    pub lookup: Option<u32>,
     pub verbose: bool,
     /// A server to send requests to instead of loading a model.
     pub remote: Option<crate::remote::Endpoint>,

@@ -5,6 +5,7 @@
 mod draw;
 mod load;
 mod logprobs;
+mod lookup;
 mod memory;
 mod sampler;
 mod scheduler;
@@ -27,6 +28,9 @@ use std::sync::atomic::AtomicBool;
 /// llama.cpp's batched decoding on CPU gains little.
 const DEFAULT_PARALLEL: u32 = 32;
 
+/// Prompt lookup's longest draft when `--lookup` is not given.
+pub const DEFAULT_LOOKUP: u32 = 15;
+
 pub struct LoadOptions {
     /// CPU threads for decoding; default: the physical cores.
     pub threads: Option<u32>,
@@ -38,6 +42,8 @@ pub struct LoadOptions {
     pub repack: bool,
     /// Let llama.cpp's own log through to stderr.
     pub verbose: bool,
+    /// Prompt lookup: the most tokens drafted per step; 0 turns it off.
+    pub lookup: u32,
 }
 
 pub struct Engine {
@@ -47,6 +53,8 @@ pub struct Engine {
     model_ref: ModelRef,
     info: GgufInfo,
     threads: i32,
+    /// See [`LoadOptions::lookup`].
+    lookup: u32,
     /// Free memory of the GPU devices after loading; `None` without one.
     gpu_free: Option<u64>,
     /// -ngl as given (default: all layers, where there is a GPU).
@@ -252,6 +260,7 @@ impl Engine {
             model_ref,
             info,
             threads,
+            lookup: opts.lookup,
             gpu_free,
             gpu_layers: opts.n_gpu_layers,
             longest_piece: std::sync::OnceLock::new(),

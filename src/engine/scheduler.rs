@@ -3,9 +3,12 @@
 //! batch, and a finished job's slots go to the next job (continuous batching).
 //! A single request is the one-job case.
 
-use super::logprobs::{log_sum_exp, top_k};
+mod prompt;
+mod step;
+
+use super::lookup::Drafter;
 use super::{sampler, Engine, Job};
-use crate::backend::{ChoiceResult, Counts, Event, Finish, JobResult, Sink, TokenInfo};
+use crate::backend::{ChoiceResult, Drafts, Event, Sink, TokenInfo};
 use crate::error::{CmplError, ErrorKind, Result};
 use crate::stop::StopMatcher;
 use llama_cpp_2::context::params::LlamaContextParams;
@@ -35,6 +38,8 @@ struct ChoiceState {
     generated: u32,
     text: String,
     tokens: Vec<TokenInfo>,
+    /// With prompt lookup (`--lookup`): drafts from the choice's text.
+    drafter: Option<Drafter>,
 }
 
 /// How a run's KV cells are laid out among its sequences.
@@ -59,6 +64,7 @@ struct JobState {
     prompt: Option<Vec<TokenInfo>>,
     choices: Vec<Option<ChoiceResult>>,
     completion_tokens: u32,
+    drafts: Drafts,
 }
 
 impl Engine {
@@ -196,15 +202,6 @@ fn cancelled(outcome: &Result<()>) -> bool {
     matches!(outcome, Err(e) if e.kind == ErrorKind::Cancelled)
 }
 
-/// A job admitted, its prompt on its way through the batch.
-struct Prompted {
-    index: usize,
-    job: Job,
-    seqs: Vec<i32>,
-    /// The prompt's tokens when echoed (with logprobs once scored).
-    prompt: Vec<TokenInfo>,
-}
-
 /// The loop's state between steps.
 struct Run<'e> {
     engine: &'e Engine,
@@ -220,220 +217,6 @@ struct Run<'e> {
 }
 
 impl Run<'_> {
-    /// Evaluates the jobs' prompts, as many tokens per decode call as the
-    /// batch takes (a job's prompt once for all its choices: each token is
-    /// tagged with every choice's sequence, so the cells are shared), and
-    /// starts each job as soon as its last prompt token is decoded.
-    fn admit(
-        &mut self,
-        jobs: Vec<(usize, Job)>,
-        ctx: &mut LlamaContext,
-        batch: &mut LlamaBatch,
-        interrupted: &AtomicBool,
-        sink: &mut Sink,
-    ) -> Result<()> {
-        // Jobs whose last prompt token is in the batch, and its index there.
-        let mut ready: Vec<(Prompted, i32)> = Vec::new();
-        batch.clear();
-        for (index, job) in jobs {
-            let seqs: Vec<i32> = (0..job.request.n)
-                .filter_map(|_| self.free_seqs.pop_first())
-                .collect();
-            self.free_cells -= self.pooled_cells(&job);
-            let echo = job.request.echo;
-            // With echo, every prompt token is reported; with logprobs too, each
-            // is scored by the logits of the position before it.
-            let prompt_infos: Vec<TokenInfo> = if echo {
-                job.tokens.iter().map(|&t| self.token_info(t)).collect()
-            } else {
-                Vec::new()
-            };
-            let mut prompted = Prompted {
-                index,
-                job,
-                seqs,
-                prompt: prompt_infos,
-            };
-            if echo && (prompted.job.request.logprobs.is_some() || prompted.job.token_logprob) {
-                // Every position's logits are kept: alone, in small chunks.
-                self.flush(&mut ready, ctx, batch, sink)?;
-                let last = self.score_prompt(&mut prompted, ctx, batch, interrupted)?;
-                self.start(prompted, last, ctx, sink)?;
-                batch.clear();
-                continue;
-            }
-            let n_prompt = prompted.job.tokens.len();
-            for (pos, &token) in prompted.job.tokens.iter().enumerate() {
-                if batch.n_tokens() as usize >= self.batch_size {
-                    if interrupted.load(Ordering::Relaxed) {
-                        return Err(CmplError::interrupted());
-                    }
-                    self.flush(&mut ready, ctx, batch, sink)?;
-                }
-                batch
-                    .add(
-                        token,
-                        pos as i32,
-                        self.prompt_seqs(&prompted.seqs),
-                        pos + 1 == n_prompt,
-                    )
-                    .map_err(|e| CmplError::internal(format!("batch: {e}")))?;
-            }
-            let last = batch.n_tokens() - 1;
-            ready.push((prompted, last));
-        }
-        self.flush(&mut ready, ctx, batch, sink)
-    }
-
-    /// The cells `job` takes from the shared pool while it runs; none with
-    /// a stream per slot, whose cells are its own (prepare sized the job
-    /// to them).
-    fn pooled_cells(&self, job: &Job) -> u32 {
-        match self.layout {
-            Layout::Shared => job.cells(),
-            Layout::PerSlot => 0,
-        }
-    }
-
-    /// The sequences a job's prompt tokens are tagged with: all its
-    /// choices' in a shared pool, else the first (copied to the rest).
-    fn prompt_seqs<'s>(&self, seqs: &'s [i32]) -> &'s [i32] {
-        match self.layout {
-            Layout::Shared => seqs,
-            Layout::PerSlot => &seqs[..1],
-        }
-    }
-
-    /// Decodes what the batch holds and starts the jobs it completes.
-    fn flush(
-        &mut self,
-        ready: &mut Vec<(Prompted, i32)>,
-        ctx: &mut LlamaContext,
-        batch: &mut LlamaBatch,
-        sink: &mut Sink,
-    ) -> Result<()> {
-        if batch.n_tokens() > 0 {
-            decode(ctx, batch)?;
-        }
-        for (prompted, last) in ready.drain(..) {
-            self.start(prompted, last, ctx, sink)?;
-        }
-        batch.clear();
-        Ok(())
-    }
-
-    /// Decodes a prompt whose every position is scored (echo with
-    /// logprobs); returns the index of its last token's logits.
-    fn score_prompt(
-        &self,
-        p: &mut Prompted,
-        ctx: &mut LlamaContext,
-        batch: &mut LlamaBatch,
-        interrupted: &AtomicBool,
-    ) -> Result<i32> {
-        let top_n = p.job.request.logprobs.unwrap_or(0) as usize;
-        for (c, tokens) in p.job.tokens.chunks(PROMPT_CHUNK_ALL_LOGITS).enumerate() {
-            if interrupted.load(Ordering::Relaxed) {
-                return Err(CmplError::interrupted());
-            }
-            batch.clear();
-            let start = c * PROMPT_CHUNK_ALL_LOGITS;
-            for (j, &token) in tokens.iter().enumerate() {
-                batch
-                    .add(token, (start + j) as i32, self.prompt_seqs(&p.seqs), true)
-                    .map_err(|e| CmplError::internal(format!("batch: {e}")))?;
-            }
-            decode(ctx, batch)?;
-            for j in 0..tokens.len() {
-                if let Some(info) = p.prompt.get_mut(start + j + 1) {
-                    let logits = ctx.get_logits_ith(j as i32);
-                    fill_logprobs(info, logits, top_n, |id| self.piece(id));
-                }
-            }
-        }
-        let last = batch.n_tokens() - 1;
-        Ok(last)
-    }
-
-    /// Starts a job whose prompt is decoded: its choices draw their first
-    /// token from output `last_idx`.
-    fn start(
-        &mut self,
-        p: Prompted,
-        last_idx: i32,
-        ctx: &mut LlamaContext,
-        sink: &mut Sink,
-    ) -> Result<()> {
-        let Prompted {
-            index,
-            job,
-            seqs,
-            prompt: prompt_infos,
-        } = p;
-        let n = job.request.n;
-        let echo = job.request.echo;
-        let n_prompt = job.tokens.len();
-        if self.layout == Layout::PerSlot {
-            // llama.cpp copies the stream's data at the next decode.
-            for &seq in &seqs[1..] {
-                ctx.copy_kv_cache_seq(seqs[0], seq, None, None)
-                    .map_err(|e| CmplError::internal(format!("KV copy: {e}")))?;
-            }
-        }
-        let mut choices = Vec::with_capacity(n as usize);
-        for (i, &seq) in seqs.iter().enumerate() {
-            let mut sampler = sampler::SamplerChain::new(&job.request.sampling, job.seeds[i]);
-            sampler.accept_many(&job.tokens);
-            choices.push(ChoiceState {
-                job: index,
-                index: i as u32,
-                seq,
-                seed: job.seeds[i],
-                sampler,
-                matcher: StopMatcher::new(&job.request.stop),
-                next: LlamaToken(0),
-                pos: n_prompt as i32,
-                generated: 0,
-                text: String::new(),
-                tokens: Vec::new(),
-            });
-        }
-        let started = sink(Event::Started {
-            job: index,
-            prompt: echo.then_some(prompt_infos.as_slice()),
-            seeds: &job
-                .seeds
-                .iter()
-                .map(|&s| Some(u64::from(s)))
-                .collect::<Vec<_>>(),
-        });
-        self.states.insert(
-            index,
-            JobState {
-                running: n,
-                prompt: echo.then_some(prompt_infos),
-                choices: vec![None; n as usize],
-                completion_tokens: 0,
-                job,
-            },
-        );
-        if cancelled(&started) {
-            self.running.extend(choices);
-            self.cancel(index, ctx);
-            return Ok(());
-        }
-        started?;
-        for choice in choices {
-            if !self.states.contains_key(&index) {
-                // Cancelled by its first token: free what was never run.
-                release(&mut self.free_seqs, choice.seq, ctx);
-                continue;
-            }
-            self.advance(choice, ctx, last_idx, sink)?;
-        }
-        Ok(())
-    }
-
     /// Ends `job` early (its client is gone): its sequences and cells are freed.
     fn cancel(&mut self, job: usize, ctx: &mut LlamaContext) {
         let (gone, kept): (Vec<ChoiceState>, Vec<ChoiceState>) = std::mem::take(&mut self.running)
@@ -447,158 +230,6 @@ impl Run<'_> {
             self.free_cells += self.pooled_cells(&state.job);
         }
     }
-
-    /// Decodes every running choice's pending token in one batch, then
-    /// samples each one's next token.
-    fn step(
-        &mut self,
-        ctx: &mut LlamaContext,
-        batch: &mut LlamaBatch,
-        sink: &mut Sink,
-    ) -> Result<()> {
-        batch.clear();
-        self.running.sort_unstable_by_key(|c| c.seq);
-        for c in &self.running {
-            batch
-                .add(c.next, c.pos, &[c.seq], true)
-                .map_err(|e| CmplError::internal(format!("batch: {e}")))?;
-        }
-        decode(ctx, batch)?;
-        let running = std::mem::take(&mut self.running);
-        for (i, mut c) in running.into_iter().enumerate() {
-            if !self.states.contains_key(&c.job) {
-                // Its job was cancelled earlier in this step.
-                release(&mut self.free_seqs, c.seq, ctx);
-                continue;
-            }
-            c.pos += 1;
-            self.advance(c, ctx, i as i32, sink)?;
-        }
-        Ok(())
-    }
-
-    /// Samples the choice's next token from output `idx`, reports it, and
-    /// either keeps the choice running or finishes it.
-    fn advance(
-        &mut self,
-        mut c: ChoiceState,
-        ctx: &mut LlamaContext,
-        idx: i32,
-        sink: &mut Sink,
-    ) -> Result<()> {
-        let state = self
-            .states
-            .get_mut(&c.job)
-            .ok_or_else(|| CmplError::internal("choice without a job"))?;
-        let request = &state.job.request;
-        let logprobs = request.logprobs;
-        let want_logprob = logprobs.is_some() || state.job.token_logprob;
-        let budget = state.job.budget;
-        let token = c.sampler.sample(ctx, idx);
-        let mut info = self.token_info(token);
-        if want_logprob {
-            let logits = ctx.get_logits_ith(idx);
-            fill_logprobs(&mut info, logits, logprobs.unwrap_or(0) as usize, |id| {
-                self.piece(id)
-            });
-        }
-        c.generated += 1;
-        let vocab = self.engine.model.vocab();
-        let (text, finish) = if vocab.is_eog(token) {
-            (c.matcher.finish(), Some(Finish::Eos))
-        } else {
-            let bytes = vocab.token_to_piece(token, false, None);
-            let released = c.matcher.push(&bytes);
-            if released.stopped {
-                (released.text, Some(Finish::Stop))
-            } else if c.generated >= budget {
-                (released.text + &c.matcher.finish(), Some(Finish::Length))
-            } else {
-                (released.text, None)
-            }
-        };
-        c.text.push_str(&text);
-        let state = self
-            .states
-            .get_mut(&c.job)
-            .ok_or_else(|| CmplError::internal("choice without a job"))?;
-        state.completion_tokens += 1;
-        let told = sink(Event::Token {
-            job: c.job,
-            choice: c.index,
-            seed: Some(u64::from(c.seed)),
-            token: &info,
-            text: &text,
-            finish,
-            usage: finish.map(|_| Counts {
-                prompt_tokens: state.job.tokens.len() as u32,
-                completion_tokens: c.generated,
-            }),
-        });
-        if cancelled(&told) {
-            release(&mut self.free_seqs, c.seq, ctx);
-            self.cancel(c.job, ctx);
-            return Ok(());
-        }
-        told?;
-        if logprobs.is_some() {
-            c.tokens.push(info);
-        }
-        let Some(reason) = finish else {
-            c.next = token;
-            self.running.push(c);
-            return Ok(());
-        };
-        // Finished: free its sequence.
-        release(&mut self.free_seqs, c.seq, ctx);
-        state.choices[c.index as usize] = Some(ChoiceResult {
-            index: c.index,
-            seed: Some(u64::from(c.seed)),
-            text: std::mem::take(&mut c.text),
-            finish: reason,
-            tokens: logprobs.map(|_| std::mem::take(&mut c.tokens)),
-        });
-        state.running -= 1;
-        if state.running == 0 {
-            if let Some(done) = self.states.remove(&c.job) {
-                self.free_cells += self.pooled_cells(&done.job);
-                let told = sink(Event::Done {
-                    job: c.job,
-                    result: JobResult {
-                        prompt_tokens: done.job.tokens.len() as u32,
-                        completion_tokens: done.completion_tokens,
-                        prompt: done.prompt,
-                        choices: done.choices.into_iter().flatten().collect(),
-                    },
-                });
-                if !cancelled(&told) {
-                    told?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn token_info(&self, token: LlamaToken) -> TokenInfo {
-        let vocab = self.engine.model.vocab();
-        TokenInfo {
-            id: token.0,
-            text: self.piece(token.0),
-            logprob: None,
-            top: Vec::new(),
-            special: vocab.is_control(token) || vocab.is_eog(token),
-        }
-    }
-
-    /// A token's text for display: lossy UTF-8, special tokens written out.
-    fn piece(&self, id: i32) -> String {
-        let bytes = self
-            .engine
-            .model
-            .vocab()
-            .token_to_piece(LlamaToken(id), true, None);
-        String::from_utf8_lossy(&bytes).into_owned()
-    }
 }
 
 /// Frees a sequence: its cells in the cache (shared prompt cells go with the
@@ -611,14 +242,4 @@ fn release(free_seqs: &mut BTreeSet<i32>, seq: i32, ctx: &mut LlamaContext) {
 fn decode(ctx: &mut LlamaContext, batch: &mut LlamaBatch) -> Result<()> {
     ctx.decode(batch)
         .map_err(|e| CmplError::internal(format!("llama.cpp decode failed: {e}")))
-}
-
-/// Sets `info`'s logprob (and its top `k` alternatives) from raw logits.
-fn fill_logprobs(info: &mut TokenInfo, logits: &[f32], k: usize, piece: impl Fn(i32) -> String) {
-    let lse = log_sum_exp(logits);
-    info.logprob = logits.get(info.id as usize).map(|l| l - lse);
-    info.top = top_k(logits, lse, k)
-        .into_iter()
-        .map(|(id, lp)| (piece(id), lp))
-        .collect();
 }

@@ -592,6 +592,7 @@ impl Accumulator {
         }
         let completion_tokens = total.unwrap_or_else(|| self.choices.iter().map(|c| c.count).sum());
         let result = JobResult {
+            drafts: Default::default(),
             prompt_tokens,
             completion_tokens,
             prompt: None,
@@ -659,6 +660,7 @@ impl Accumulator {
             });
         }
         let result = JobResult {
+            drafts: Default::default(),
             prompt_tokens: answer.usage.prompt_tokens,
             completion_tokens: answer.usage.completion_tokens,
             prompt: answer.prompt,

@@ -6,7 +6,7 @@
 use super::body::Out;
 use super::InFlight;
 use crate::api::ResponseHeader;
-use crate::backend::Event;
+use crate::backend::{Drafts, Event};
 use crate::engine::{Arrival, Engine};
 use crate::error::{CmplError, ErrorKind, Result};
 use crate::printer::{Format, Printer};
@@ -37,6 +37,7 @@ struct Client {
     path: String,
     started: Instant,
     tokens: u32,
+    drafts: Drafts,
     _slot: InFlight,
 }
 
@@ -129,6 +130,7 @@ pub fn run(
                 path: submission.path,
                 started: Instant::now(),
                 tokens: 0,
+                drafts: Drafts::default(),
                 _slot: submission._slot,
             },
         );
@@ -152,7 +154,8 @@ pub fn run(
                 clients.remove(&job);
                 Ok(())
             }
-            Event::Done { .. } => {
+            Event::Done { ref result, .. } => {
+                client.drafts = result.drafts;
                 let printed = client
                     .printer
                     .event(event)
@@ -189,11 +192,17 @@ fn cancelled() -> CmplError {
     CmplError::new(ErrorKind::Cancelled, "the client went away")
 }
 
-/// One short line per completion: method, path, status, tokens, time.
+/// One short line per completion: method, path, status, tokens, time, and
+/// prompt lookup's drafts where it drafted.
 fn log(client: Option<Client>, status: u16) {
     if let Some(c) = client {
+        let drafts = if c.drafts.drafted > 0 {
+            format!(" ({})", c.drafts)
+        } else {
+            String::new()
+        };
         eprintln!(
-            "cmpl: POST {} {status} {} tokens {:.3} s",
+            "cmpl: POST {} {status} {} tokens {:.3} s{drafts}",
             c.path,
             c.tokens,
             c.started.elapsed().as_secs_f64()

@@ -1,0 +1,281 @@
+//! A step of the running choices: each one's pending token (and its
+//! draft, with prompt lookup) decoded in one call, then each one's next
+//! tokens drawn, reported, and checked against the draft.
+
+use super::{cancelled, decode, release, ChoiceState, Layout, Run};
+use crate::backend::{ChoiceResult, Counts, Event, Finish, JobResult, Sink, TokenInfo};
+use crate::engine::logprobs::{log_sum_exp, top_k};
+use crate::engine::lookup;
+use crate::error::{CmplError, Result};
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::token::LlamaToken;
+
+impl Run<'_> {
+    /// Decodes every running choice's pending token in one batch, each
+    /// followed by its draft where prompt lookup has one, then draws each
+    /// choice's next tokens: one, and one more for each draft token the
+    /// draw agrees with.
+    pub(super) fn step(
+        &mut self,
+        ctx: &mut LlamaContext,
+        batch: &mut LlamaBatch,
+        sink: &mut Sink,
+    ) -> Result<()> {
+        batch.clear();
+        self.running.sort_unstable_by_key(|c| c.seq);
+        // Drafts take what the batch has left after one token per choice.
+        let mut room = self.batch_size.saturating_sub(self.running.len());
+        let mut drafts: Vec<Vec<LlamaToken>> = Vec::with_capacity(self.running.len());
+        for c in &mut self.running {
+            let state = self
+                .states
+                .get_mut(&c.job)
+                .ok_or_else(|| CmplError::internal("choice without a job"))?;
+            // A draft never runs past the choice's budget, so its cells stay
+            // within the ones the job was given.
+            let limit = (state.job.budget.saturating_sub(c.generated) as usize)
+                .saturating_sub(1)
+                .min(room);
+            let draft: Vec<LlamaToken> = match &mut c.drafter {
+                Some(d) => d.draft(limit).iter().map(|&t| LlamaToken(t)).collect(),
+                None => Vec::new(),
+            };
+            room -= draft.len();
+            drafts.push(draft);
+        }
+        if self.running.len() > 1 {
+            match self.layout {
+                // With a stream per slot, llama.cpp splits a batch into
+                // passes that take as many tokens from each sequence: drafts
+                // of unequal lengths would cost a pass more than they save.
+                // So all running choices draft, as long as the shortest, or
+                // none does.
+                Layout::PerSlot => {
+                    let common = drafts.iter().map(Vec::len).min().unwrap_or(0);
+                    let common = lookup::verified_length(common);
+                    drafts.iter_mut().for_each(|d| d.truncate(common));
+                }
+                // In one shared cache, the cells a refused draft leaves are
+                // taken by the next tokens of whichever sequence comes first,
+                // so a sequence's cells would no longer lie in the order of
+                // its positions; llama.cpp's CPU flash attention sums them in
+                // cell order, in half precision, and the text would part from
+                // the plain run's far more often than near-ties do. Drafting
+                // waits until one sequence is left.
+                Layout::Shared => drafts.iter_mut().for_each(Vec::clear),
+            }
+        }
+        for (c, draft) in self.running.iter().zip(&drafts) {
+            if let Some(state) = self.states.get_mut(&c.job) {
+                state.drafts.drafted += draft.len() as u32;
+            }
+            batch
+                .add(c.next, c.pos, &[c.seq], true)
+                .map_err(|e| CmplError::internal(format!("batch: {e}")))?;
+            for (j, &token) in draft.iter().enumerate() {
+                batch
+                    .add(token, c.pos + 1 + j as i32, &[c.seq], true)
+                    .map_err(|e| CmplError::internal(format!("batch: {e}")))?;
+            }
+        }
+        decode(ctx, batch)?;
+        let running = std::mem::take(&mut self.running);
+        let mut first = 0;
+        for (mut c, draft) in running.into_iter().zip(drafts) {
+            let idx = first;
+            first += 1 + draft.len() as i32;
+            if !self.states.contains_key(&c.job) {
+                // Its job was cancelled earlier in this step.
+                release(&mut self.free_seqs, c.seq, ctx);
+                continue;
+            }
+            c.pos += 1;
+            self.verify(c, &draft, idx, ctx, sink)?;
+        }
+        Ok(())
+    }
+
+    /// Draws the choice's tokens from outputs `idx`, `idx + 1`… while each
+    /// one drawn equals the draft's token decoded after it: every draw is
+    /// the one the choice would make without the draft (same logits up to
+    /// rounding, same random draw), so the text is the model's. The part of
+    /// the draft not taken leaves the cache.
+    fn verify(
+        &mut self,
+        mut c: ChoiceState,
+        draft: &[LlamaToken],
+        idx: i32,
+        ctx: &mut LlamaContext,
+        sink: &mut Sink,
+    ) -> Result<()> {
+        let mut taken = 0;
+        loop {
+            let Some(next) = self.advance(c, ctx, idx + taken as i32, sink)? else {
+                // Finished or cancelled: its sequence is freed whole.
+                return Ok(());
+            };
+            c = next;
+            if draft.get(taken) != Some(&c.next) {
+                break;
+            }
+            // The draft's token is already in the cache at `pos`.
+            taken += 1;
+            c.pos += 1;
+            if let Some(state) = self.states.get_mut(&c.job) {
+                state.drafts.accepted += 1;
+            }
+        }
+        if taken < draft.len() {
+            ctx.clear_kv_cache_seq(Some(c.seq as u32), Some(c.pos as u32), None)
+                .map_err(|e| CmplError::internal(format!("KV removal: {e}")))?;
+        }
+        if let Some(d) = &mut c.drafter {
+            d.verified(draft.len(), taken);
+        }
+        self.running.push(c);
+        Ok(())
+    }
+
+    /// Samples the choice's next token from output `idx` and reports it;
+    /// the choice back if it keeps running (its token in `next`), `None`
+    /// if it finished or its job was cancelled.
+    pub(super) fn advance(
+        &mut self,
+        mut c: ChoiceState,
+        ctx: &mut LlamaContext,
+        idx: i32,
+        sink: &mut Sink,
+    ) -> Result<Option<ChoiceState>> {
+        let state = self
+            .states
+            .get_mut(&c.job)
+            .ok_or_else(|| CmplError::internal("choice without a job"))?;
+        let request = &state.job.request;
+        let logprobs = request.logprobs;
+        let want_logprob = logprobs.is_some() || state.job.token_logprob;
+        let budget = state.job.budget;
+        let token = c.sampler.sample(ctx, idx);
+        let mut info = self.token_info(token);
+        if want_logprob {
+            let logits = ctx.get_logits_ith(idx);
+            fill_logprobs(&mut info, logits, logprobs.unwrap_or(0) as usize, |id| {
+                self.piece(id)
+            });
+        }
+        c.generated += 1;
+        let vocab = self.engine.model.vocab();
+        let (text, finish) = if vocab.is_eog(token) {
+            (c.matcher.finish(), Some(Finish::Eos))
+        } else {
+            let bytes = vocab.token_to_piece(token, false, None);
+            let released = c.matcher.push(&bytes);
+            if released.stopped {
+                (released.text, Some(Finish::Stop))
+            } else if c.generated >= budget {
+                (released.text + &c.matcher.finish(), Some(Finish::Length))
+            } else {
+                (released.text, None)
+            }
+        };
+        c.text.push_str(&text);
+        let state = self
+            .states
+            .get_mut(&c.job)
+            .ok_or_else(|| CmplError::internal("choice without a job"))?;
+        state.completion_tokens += 1;
+        let told = sink(Event::Token {
+            job: c.job,
+            choice: c.index,
+            seed: Some(u64::from(c.seed)),
+            token: &info,
+            text: &text,
+            finish,
+            usage: finish.map(|_| Counts {
+                prompt_tokens: state.job.tokens.len() as u32,
+                completion_tokens: c.generated,
+            }),
+        });
+        if cancelled(&told) {
+            release(&mut self.free_seqs, c.seq, ctx);
+            self.cancel(c.job, ctx);
+            return Ok(None);
+        }
+        told?;
+        if logprobs.is_some() {
+            c.tokens.push(info);
+        }
+        let Some(reason) = finish else {
+            c.next = token;
+            if let Some(d) = &mut c.drafter {
+                d.push(token.0);
+            }
+            return Ok(Some(c));
+        };
+        // Finished: free its sequence.
+        release(&mut self.free_seqs, c.seq, ctx);
+        state.choices[c.index as usize] = Some(ChoiceResult {
+            index: c.index,
+            seed: Some(u64::from(c.seed)),
+            text: std::mem::take(&mut c.text),
+            finish: reason,
+            tokens: logprobs.map(|_| std::mem::take(&mut c.tokens)),
+        });
+        state.running -= 1;
+        if state.running == 0 {
+            if let Some(done) = self.states.remove(&c.job) {
+                self.free_cells += self.pooled_cells(&done.job);
+                let told = sink(Event::Done {
+                    job: c.job,
+                    result: JobResult {
+                        prompt_tokens: done.job.tokens.len() as u32,
+                        completion_tokens: done.completion_tokens,
+                        prompt: done.prompt,
+                        choices: done.choices.into_iter().flatten().collect(),
+                        drafts: done.drafts,
+                    },
+                });
+                if !cancelled(&told) {
+                    told?;
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    pub(super) fn token_info(&self, token: LlamaToken) -> TokenInfo {
+        let vocab = self.engine.model.vocab();
+        TokenInfo {
+            id: token.0,
+            text: self.piece(token.0),
+            logprob: None,
+            top: Vec::new(),
+            special: vocab.is_control(token) || vocab.is_eog(token),
+        }
+    }
+
+    /// A token's text for display: lossy UTF-8, special tokens written out.
+    pub(super) fn piece(&self, id: i32) -> String {
+        let bytes = self
+            .engine
+            .model
+            .vocab()
+            .token_to_piece(LlamaToken(id), true, None);
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+/// Sets `info`'s logprob (and its top `k` alternatives) from raw logits.
+pub(super) fn fill_logprobs(
+    info: &mut TokenInfo,
+    logits: &[f32],
+    k: usize,
+    piece: impl Fn(i32) -> String,
+) {
+    let lse = log_sum_exp(logits);
+    info.logprob = logits.get(info.id as usize).map(|l| l - lse);
+    info.top = top_k(logits, lse, k)
+        .into_iter()
+        .map(|(id, lp)| (piece(id), lp))
+        .collect();
+}

@@ -1,0 +1,198 @@
+//! Prompt lookup (`--lookup`): drafts from the text itself, verified in one
+//! decode call. The answers are the model's: the same as `--lookup 0` up to
+//! the rounding of a different batch shape (the near-tie rule of the batch
+//! tests), and drafts are really taken on a prompt the answer copies from.
+
+mod common;
+use common::run::cmpl;
+use common::schema::{assert_valid, follows_single_run};
+use common::served::Served;
+use serde_json::{json, Value};
+
+/// A prompt whose answer copies it: the model repeats the function.
+const COPY: &str = "Here is some code.\n\n```\ndef average(values):\n    if not values:\n        return None\n    total = 0.0\n    for value in values:\n        total += value\n    return total / len(values)\n\n\ndef variance(values):\n    mean = average(values)\n    total = 0.0\n    for value in values:\n        diff = value - mean\n        total += diff * diff\n    return total / len(values)\n```\n\nTask: Add a docstring to the first function. Change nothing else.\n\nHere is the full code with the change:\n\n```\n";
+
+const FREE: &str = "Once upon a time, in a village by the sea, there lived a girl who";
+
+fn request(prompt: &str, extra: Value) -> String {
+    let mut r = json!({"prompt": prompt, "max_tokens": 64, "temperature": 0, "logprobs": 5});
+    r.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    r.to_string()
+}
+
+/// `(drafted, accepted)` from a `lookup: D drafted, A accepted` line.
+fn drafts(stderr: &str) -> (u32, u32) {
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("lookup: "))
+        .unwrap_or_else(|| panic!("no lookup line: {stderr}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let at = words.iter().position(|w| *w == "lookup:").unwrap();
+    let number = |i: usize| words[i].trim_matches(['(', ',']).parse().unwrap();
+    (number(at + 1), number(at + 3))
+}
+
+fn token_ids(v: &Value, choice: usize) -> Vec<Value> {
+    v["choices"][choice]["logprobs"]["token_ids"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+#[test]
+fn greedy_copies_with_drafts_taken_and_the_text_of_lookup_0() {
+    let body = request(COPY, json!({}));
+    let plain = cmpl(&["--json", "--lookup", "0", "--verbose"])
+        .stdin(&body)
+        .run();
+    let fast = cmpl(&["--json", "--verbose"]).stdin(&body).run();
+    let (plain_json, fast_json) = (plain.json(), fast.json());
+    assert_valid("CompletionResponse", &fast_json);
+    follows_single_run(&fast_json, &plain_json);
+    assert_eq!(drafts(&plain.stderr), (0, 0));
+    let (drafted, accepted) = drafts(&fast.stderr);
+    assert!(
+        accepted >= 16 && accepted <= drafted,
+        "drafts taken on a copying answer: {drafted} drafted, {accepted} accepted"
+    );
+    assert_eq!(fast_json["usage"], plain_json["usage"]);
+}
+
+#[test]
+fn seeded_samples_draw_as_without_lookup() {
+    // The same random draw at each position: the texts agree until rounding
+    // (a different batch shape) moves a draw across a token's boundary, and
+    // there both tokens are among the other run's likely ones.
+    for seed in [1, 2, 3] {
+        let body = request(COPY, json!({"temperature": 0.8, "seed": seed}));
+        let plain = cmpl(&["--json", "--lookup", "0"]).stdin(&body).run().json();
+        let fast = cmpl(&["--json", "--verbose"]).stdin(&body).run();
+        assert!(drafts(&fast.stderr).1 > 0, "{}", fast.stderr);
+        let fast = fast.json();
+        let (a, b) = (
+            &plain["choices"][0]["logprobs"],
+            &fast["choices"][0]["logprobs"],
+        );
+        let (ia, ib) = (token_ids(&plain, 0), token_ids(&fast, 0));
+        for i in 0..ia.len().min(ib.len()) {
+            let lp = |v: &Value| v["token_logprobs"][i].as_f64().unwrap();
+            if ia[i] != ib[i] {
+                let theirs = b["tokens"][i].as_str().unwrap();
+                assert!(
+                    a["top_logprobs"][i].get(theirs).is_some(),
+                    "seed {seed}, token {i}: {theirs:?} is not a likely draw without lookup: {a}"
+                );
+                break;
+            }
+            assert!(
+                (lp(a) - lp(b)).abs() < 0.5,
+                "seed {seed}, token {i}: {a} vs {b}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_stop_inside_a_draft_and_max_tokens_mid_draft_end_the_choice_there() {
+    let long = cmpl(&["--json"])
+        .stdin(request(COPY, json!({"max_tokens": 96})))
+        .run()
+        .json();
+    let text = long["choices"][0]["text"].as_str().unwrap().to_string();
+    // A stop string from the answer's copied part, well past its start.
+    let at = text
+        .find("return total")
+        .expect("the answer copies the code");
+    let stop = &text[at..at + "return total".len()];
+    let stopped = cmpl(&["--json"])
+        .stdin(request(COPY, json!({"max_tokens": 96, "stop": [stop]})))
+        .run()
+        .json();
+    assert_eq!(stopped["choices"][0]["text"], text[..at]);
+    assert_eq!(stopped["choices"][0]["finish_reason"], "stop");
+    // max_tokens that ends the answer inside what would be a draft.
+    let short = cmpl(&["--json"])
+        .stdin(request(COPY, json!({"max_tokens": 37})))
+        .run()
+        .json();
+    assert_eq!(short["usage"]["completion_tokens"], 37);
+    assert_eq!(short["choices"][0]["finish_reason"], "length");
+    follows_single_run(&short, &long);
+}
+
+#[test]
+fn a_stream_sends_each_drafted_token_as_its_own_chunk() {
+    let body = request(COPY, json!({"logprobs": null}));
+    let whole = cmpl(&["--json"]).stdin(&body).run().json();
+    let stream = cmpl(&["--json", "--stream"]).stdin(&body).run();
+    let chunks = stream.sse();
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(text, whole["choices"][0]["text"].as_str().unwrap());
+    // One chunk per token (the last may carry usage alone).
+    let with_text = chunks
+        .iter()
+        .filter(|c| c["choices"].as_array().is_some_and(|a| !a.is_empty()))
+        .count();
+    assert_eq!(
+        with_text as u64,
+        whole["usage"]["completion_tokens"].as_u64().unwrap()
+    );
+}
+
+#[test]
+fn several_choices_batch_lines_and_server_requests_each_follow_lookup_0() {
+    // n > 1: each choice drafts from its own text.
+    let body = request(COPY, json!({"n": 2, "temperature": 0}));
+    let plain = cmpl(&["--json", "--lookup", "0"]).stdin(&body).run().json();
+    let fast = cmpl(&["--json"]).stdin(&body).run().json();
+    for i in 0..2 {
+        let pick = |v: &Value| json!({"choices": [v["choices"][i].clone()]});
+        follows_single_run(&pick(&fast), &pick(&plain));
+    }
+    // A batch and a server mixing copying and free prompts.
+    let lines = [
+        request(COPY, json!({})),
+        request(FREE, json!({})),
+        request(COPY, json!({"max_tokens": 40})),
+        request(FREE, json!({"max_tokens": 20})),
+    ];
+    let alone: Vec<Value> = lines
+        .iter()
+        .map(|l| cmpl(&["--json", "--lookup", "0"]).stdin(l).run().json())
+        .collect();
+    let out = cmpl(&["--batch", "--verbose"])
+        .stdin(lines.join("\n"))
+        .run();
+    out.ok();
+    assert!(drafts(&out.stderr).1 > 0, "{}", out.stderr);
+    for (line, a) in out.stdout.lines().zip(&alone) {
+        follows_single_run(&serde_json::from_str(line).unwrap(), a);
+    }
+    let server = Served::start(&["--parallel", "4"], &[]);
+    let answers: Vec<(u16, String)> = std::thread::scope(|s| {
+        let handles: Vec<_> = lines.iter().map(|l| s.spawn(|| server.post(l))).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for ((status, body), a) in answers.iter().zip(&alone) {
+        assert_eq!(*status, 200, "{body}");
+        follows_single_run(&serde_json::from_str(body).unwrap(), a);
+    }
+    let log = server.log.lock().unwrap().join("\n");
+    assert!(
+        log.contains(" accepted"),
+        "the request log reports drafts: {log}"
+    );
+}
+
+#[test]
+fn lookup_is_a_local_setting_with_a_bounded_value() {
+    cmpl(&["hi", "--lookup", "65"]).run().fails(2, "--lookup");
+    cmpl(&["hi", "--lookup", "4", "--base-url", "http://127.0.0.1:9/v1"])
+        .run()
+        .fails(2, "--lookup applies to a local model");
+}
