@@ -62,10 +62,14 @@ fn greedy_copies_with_drafts_taken_and_the_text_of_lookup_0() {
 
 #[test]
 fn seeded_samples_draw_as_without_lookup() {
-    // The same random draw at each position: the texts agree until rounding
-    // (a different batch shape) moves a draw across a token's boundary, and
-    // there both tokens are among the other run's likely ones.
-    for seed in [1, 2, 3] {
+    // The same random draw at each position: the texts agree, with the same
+    // distribution at every token, until rounding (a different batch shape)
+    // moves a draw across a token's boundary in the cumulative distribution
+    // (after 15 to 60 tokens here). A draw out of step with the plain run's
+    // would part at the first draft taken, a few tokens in.
+    let mut agreed = 0;
+    let seeds = [1, 2, 3, 4];
+    for seed in seeds {
         let body = request(COPY, json!({"temperature": 0.8, "seed": seed}));
         let plain = cmpl(&["--json", "--lookup", "0"]).stdin(&body).run().json();
         let fast = cmpl(&["--json", "--verbose"]).stdin(&body).run();
@@ -76,22 +80,21 @@ fn seeded_samples_draw_as_without_lookup() {
             &fast["choices"][0]["logprobs"],
         );
         let (ia, ib) = (token_ids(&plain, 0), token_ids(&fast, 0));
-        for i in 0..ia.len().min(ib.len()) {
+        let same = ia.iter().zip(&ib).take_while(|(x, y)| x == y).count();
+        for i in 0..same {
             let lp = |v: &Value| v["token_logprobs"][i].as_f64().unwrap();
-            if ia[i] != ib[i] {
-                let theirs = b["tokens"][i].as_str().unwrap();
-                assert!(
-                    a["top_logprobs"][i].get(theirs).is_some(),
-                    "seed {seed}, token {i}: {theirs:?} is not a likely draw without lookup: {a}"
-                );
-                break;
-            }
             assert!(
                 (lp(a) - lp(b)).abs() < 0.5,
                 "seed {seed}, token {i}: {a} vs {b}"
             );
         }
+        agreed += same;
     }
+    assert!(
+        agreed >= 16 * seeds.len(),
+        "the texts agree for {agreed} tokens over {} seeds",
+        seeds.len()
+    );
 }
 
 #[test]
@@ -155,11 +158,13 @@ fn several_choices_batch_lines_and_server_requests_each_follow_lookup_0() {
         follows_single_run(&pick(&fast), &pick(&plain));
     }
     // A batch and a server mixing copying and free prompts.
+    // The first line runs longest: in one shared cache (batch), drafting
+    // waits until one sequence is left.
     let lines = [
         request(COPY, json!({})),
-        request(FREE, json!({})),
-        request(COPY, json!({"max_tokens": 40})),
         request(FREE, json!({"max_tokens": 20})),
+        request(COPY, json!({"max_tokens": 24})),
+        request(FREE, json!({"max_tokens": 16})),
     ];
     let alone: Vec<Value> = lines
         .iter()
