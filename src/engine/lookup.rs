@@ -15,14 +15,21 @@ use std::collections::HashMap;
 /// to be worth a verification on a large vocabulary's output layer.
 const NGRAMS: [usize; 3] = [4, 3, 2];
 
-/// The draft lengths used, with the time of a decode call of that many
-/// tokens plus the one before them, against a call of that one alone
-/// (`bench/lookup` prints the curve; these are its figures on the test
-/// model, 2 threads, AVX-512). llama.cpp's repacked CPU kernels multiply
-/// activations four rows at a time and take a slower path for the rest, so
-/// a call of 4, 8, 12 or 16 tokens costs less than one of 6: those lengths
-/// (and 1) are the only ones drafted.
-const COSTS: [(usize, f64); 5] = [(1, 1.40), (3, 1.77), (7, 2.79), (11, 3.72), (15, 4.61)];
+/// The draft lengths used. llama.cpp's repacked CPU kernels multiply
+/// activations four rows at a time and take a slower path for the rest, so a
+/// call of 4, 8, 12 or 16 tokens costs less than one of 6 (see [`call_cost`]):
+/// a single sequence drafts 1 token, or as many as make a multiple of four
+/// with the token before them.
+const LENGTHS: [usize; 5] = [1, 3, 7, 11, 15];
+
+/// The time of a decode call of 1..=16 tokens, every position's logits kept,
+/// against a call of 1: `bench/lookup`'s curve on the test model, 2 threads,
+/// AVX-512 (a token past a multiple of four costs most: it takes the slow
+/// path alone).
+const MEASURED: [f64; 17] = [
+    0.0, 1.0, 1.37, 1.56, 1.71, 2.56, 2.82, 3.07, 2.63, 3.54, 3.76, 4.01, 3.55, 4.43, 4.67, 4.91,
+    4.42,
+];
 
 /// The estimate before any evidence: draft tokens taken 2 times in 3.
 const PRIOR: (f64, f64) = (2.0, 3.0);
@@ -80,37 +87,30 @@ impl Drafter {
         self.tokens.push(token);
     }
 
-    /// The next draft, at most `limit` tokens: none where the text's end was
-    /// not seen before, else the length that is expected to give the most
-    /// tokens per unit of decode time (none when no length gains enough over
-    /// decoding one token alone).
-    pub fn draft(&mut self, limit: usize) -> &[i32] {
+    /// What this choice could draft next: at most `limit` tokens that
+    /// followed an earlier occurrence of the text's end (none if it was not
+    /// seen before), and the share of draft tokens it expects the model to
+    /// take.
+    pub fn offer(&self, limit: usize) -> Option<Offer<'_>> {
         let len = self.tokens.len();
-        let found = NGRAMS.iter().zip(&self.index).find_map(|(&n, map)| {
+        let start = NGRAMS.iter().zip(&self.index).find_map(|(&n, map)| {
             (len >= n)
                 .then(|| map.get(&key(&self.tokens[len - n..])))
                 .flatten()
-        });
-        let Some(&start) = found else {
-            return &[];
-        };
-        let start = start as usize;
-        let available = (len - start).min(limit).min(self.max);
-        let p = (self.taken + PRIOR.0) / (self.tried + PRIOR.1);
-        let best = COSTS
-            .iter()
-            .filter(|(k, _)| *k <= available)
-            .map(|&(k, cost)| (k, expected_tokens(p, k) / cost))
-            .filter(|&(_, gain)| gain > MIN_GAIN)
-            .max_by(|a, b| a.1.total_cmp(&b.1));
-        match best {
-            Some((k, _)) => &self.tokens[start..start + k],
-            None => {
-                self.taken *= KEEP_IDLE;
-                self.tried *= KEEP_IDLE;
-                &[]
-            }
-        }
+        })?;
+        let start = *start as usize;
+        let end = start + (len - start).min(limit).min(self.max);
+        Some(Offer {
+            tokens: &self.tokens[start..end],
+            taken: (self.taken + PRIOR.0) / (self.tried + PRIOR.1),
+        })
+    }
+
+    /// It offered a draft that the step did not take (not worth its cost):
+    /// the evidence fades, so that a drafter that gave up tries again.
+    pub fn skipped(&mut self) {
+        self.taken *= KEEP_IDLE;
+        self.tried *= KEEP_IDLE;
     }
 
     /// Of a draft of `drafted` tokens, the model took the first `accepted`.
@@ -130,14 +130,47 @@ fn expected_tokens(p: f64, k: usize) -> f64 {
     (0..=k).map(|i| p.powi(i as i32)).sum()
 }
 
-/// The longest draft length used that is at most `n` (0 if none is).
-pub fn verified_length(n: usize) -> usize {
-    COSTS
+/// A choice's next draft, if the step takes it.
+pub struct Offer<'d> {
+    pub tokens: &'d [i32],
+    /// The expected share of draft tokens taken.
+    pub taken: f64,
+}
+
+/// The draft length for a step whose running choices offer `offers`, all of
+/// which draft that many tokens (a single choice, or every slot alike): the
+/// length expected to give the most tokens per unit of decode time, at most
+/// `room` tokens in all; 0 when none gains enough over a step without.
+pub fn plan(offers: &[Offer], room: usize) -> usize {
+    let seqs = offers.len();
+    let Some(shortest) = offers.iter().map(|o| o.tokens.len()).min() else {
+        return 0;
+    };
+    let plain = call_cost(seqs) / seqs as f64;
+    LENGTHS
         .iter()
-        .map(|&(k, _)| k)
-        .filter(|&k| k <= n)
-        .max()
-        .unwrap_or(0)
+        .filter(|&&k| k <= shortest && seqs * k <= room)
+        .map(|&k| {
+            let tokens: f64 = offers.iter().map(|o| expected_tokens(o.taken, k)).sum();
+            (k, tokens / call_cost(seqs * (1 + k)) * plain)
+        })
+        .filter(|&(_, gain)| gain > MIN_GAIN)
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map_or(0, |(k, _)| k)
+}
+
+/// The time of a decode call of `tokens` tokens against a call of one:
+/// measured up to 16, and past that each four rows cost about a quarter
+/// of a one-token call, and the rows past the last four as in the curve.
+fn call_cost(tokens: usize) -> f64 {
+    if let Some(&cost) = MEASURED.get(tokens) {
+        return cost;
+    }
+    let rest = match tokens % 4 {
+        0 => 0.0,
+        r => 0.85 + 0.25 * (r - 1) as f64,
+    };
+    0.8 + 0.23 * (tokens / 4 * 4) as f64 + rest
 }
 
 /// An n-gram (at most four tokens) as one hashable value.
@@ -150,36 +183,43 @@ fn key(gram: &[i32]) -> u128 {
 mod tests {
     use super::*;
 
+    /// The offered tokens, as a single choice would draft them.
+    fn draft(d: &Drafter, limit: usize) -> Vec<i32> {
+        d.offer(limit).map_or_else(Vec::new, |o| {
+            let k = plan(std::slice::from_ref(&o), 512);
+            o.tokens[..k].to_vec()
+        })
+    }
+
     #[test]
-    fn drafts_what_followed_the_latest_earlier_occurrence() {
+    fn offers_what_followed_the_latest_earlier_occurrence() {
         // "a b c d e f" then "x b c d": the text ends with "b c d", seen
         // before followed by "e f".
-        let mut d = Drafter::new(&[1, 2, 3, 4, 5, 6, 9, 2, 3, 4], 15);
-        assert_eq!(d.draft(15), [5, 6, 9]);
+        let d = Drafter::new(&[1, 2, 3, 4, 5, 6, 9, 2, 3, 4], 15);
+        assert_eq!(d.offer(15).unwrap().tokens, [5, 6, 9, 2, 3, 4]);
+        assert_eq!(draft(&d, 15), [5, 6, 9]);
         // A later occurrence wins: "b c d" again, now followed by 7.
-        let mut d = Drafter::new(&[1, 2, 3, 4, 5, 6, 2, 3, 4, 7, 8, 9, 2, 3, 4], 15);
-        assert_eq!(d.draft(15), [7, 8, 9]);
-        // The limit, cut to a cheap length.
-        assert_eq!(d.draft(2), [7]);
-        // Nothing seen before: no draft.
-        let mut d = Drafter::new(&[1, 2, 3, 4, 5], 15);
-        assert!(d.draft(15).is_empty());
+        let d = Drafter::new(&[1, 2, 3, 4, 5, 6, 2, 3, 4, 7, 8, 9, 2, 3, 4], 15);
+        assert_eq!(draft(&d, 15), [7, 8, 9]);
+        // The limit, and a cheap length within it.
+        assert_eq!(d.offer(2).unwrap().tokens, [7, 8]);
+        assert_eq!(draft(&d, 2), [7]);
+        // Nothing seen before: no offer.
+        assert!(Drafter::new(&[1, 2, 3, 4, 5], 15).offer(15).is_none());
         // The text's own end is not an earlier occurrence of itself.
         let mut d = Drafter::new(&[7, 7], 15);
-        assert_eq!(d.draft(15), [] as [i32; 0]);
+        assert!(d.offer(15).is_none());
         d.push(7);
-        assert_eq!(d.draft(15), [7]);
+        assert_eq!(draft(&d, 15), [7]);
     }
 
     #[test]
     fn longer_ngrams_are_looked_up_first() {
         // "1 2" was followed by 3 and later by 8, but "5 1 2" only by 3.
         let text = [5, 1, 2, 3, 4, 6, 1, 2, 8, 8, 8, 5, 1, 2];
-        let mut d = Drafter::new(&text, 15);
-        assert_eq!(d.draft(3)[0], 3);
-        let mut d = Drafter::new(&text[..13], 15);
+        assert_eq!(Drafter::new(&text, 15).offer(3).unwrap().tokens[0], 3);
         // Ends "5 1": only the 2-gram matches: its latest continuation.
-        assert_eq!(d.draft(1), [2]);
+        assert_eq!(Drafter::new(&text[..13], 15).offer(1).unwrap().tokens, [2]);
     }
 
     #[test]
@@ -188,51 +228,88 @@ mod tests {
         for t in [4, 1, 2] {
             d.push(t);
         }
-        assert_eq!(d.draft(3), [3, 4, 1]);
+        assert_eq!(d.offer(3).unwrap().tokens, [3, 4, 1]);
     }
 
     #[test]
     fn drafts_as_long_as_the_taken_share_pays_for() {
-        let text: Vec<i32> = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16].repeat(3);
+        let text: Vec<i32> = (1..=16).collect::<Vec<_>>().repeat(3);
         let mut d = Drafter::new(&text, 15);
         // The prior (2 in 3 taken): a short draft.
-        assert_eq!(d.draft(15).len(), 3);
+        assert_eq!(draft(&d, 15).len(), 3);
         // Drafts taken whole: longer ones.
         for _ in 0..6 {
-            let k = d.draft(15).len();
+            let k = draft(&d, 15).len();
             d.verified(k, k);
         }
-        assert_eq!(d.draft(15).len(), 15);
+        assert_eq!(draft(&d, 15).len(), 15);
         // Drafts refused at once: shorter ones, then none until the
         // evidence fades.
         let refused = (0..100)
             .position(|_| {
-                let k = d.draft(15).len();
+                let k = draft(&d, 15).len();
                 d.verified(k, 0);
                 k == 0
             })
             .unwrap();
-        let idle = (0..1000).position(|_| !d.draft(15).is_empty());
+        let idle = (0..1000).position(|_| {
+            let k = draft(&d, 15).len();
+            if k == 0 {
+                d.skipped();
+            }
+            k > 0
+        });
         assert!(
             refused <= 12 && matches!(idle, Some(5..=100)),
             "stops after {refused} refusals, drafts again after {idle:?} steps"
         );
         // `--lookup` caps the length.
         let mut d = Drafter::new(&text, 5);
-        for _ in 0..4 {
-            let k = d.draft(15).len();
+        for _ in 0..6 {
+            let k = draft(&d, 15).len();
             d.verified(k, k);
         }
-        assert_eq!(d.draft(15).len(), 3);
+        assert_eq!(draft(&d, 15).len(), 3);
     }
 
     #[test]
-    fn cheap_lengths() {
-        let lengths: Vec<usize> = (0..=17).map(verified_length).collect();
-        assert_eq!(
-            lengths,
-            [0, 1, 1, 3, 3, 3, 3, 7, 7, 7, 7, 11, 11, 11, 11, 15, 15, 15]
-        );
+    fn several_choices_draft_alike_when_it_pays_under_their_load() {
+        let tokens = [1; 15];
+        let offer = |taken| Offer {
+            tokens: &tokens,
+            taken,
+        };
+        // Alone, a choice that expects most of a draft taken drafts long.
+        assert!(plan(&[offer(0.95)], 512) >= 11);
+        // Eight of them fill a call eight times as wide already: shorter.
+        let eight: Vec<Offer> = (0..8).map(|_| offer(0.95)).collect();
+        let k = plan(&eight, 512);
+        assert!((1..11).contains(&k), "{k}");
+        // A few that rarely see their drafts taken keep all from drafting.
+        let mixed: Vec<Offer> = (0..8)
+            .map(|i| offer(if i < 3 { 0.1 } else { 0.95 }))
+            .collect();
+        assert_eq!(plan(&mixed, 512), 0);
+        // The batch's room bounds the drafts of all.
+        assert_eq!(plan(&[offer(0.95)], 8), 7);
+        // The shortest offer bounds the length.
+        let short = [1; 4];
+        let two = [
+            offer(0.95),
+            Offer {
+                tokens: &short,
+                taken: 0.95,
+            },
+        ];
+        assert!(plan(&two, 512) <= 3);
+    }
+
+    #[test]
+    fn call_costs_follow_the_curve_and_grow_past_it() {
+        assert_eq!(call_cost(1), 1.0);
+        assert!(call_cost(8) < call_cost(7));
+        assert!(call_cost(16) < call_cost(17));
+        assert!(call_cost(32) > 2.0 * call_cost(8));
         assert!(expected_tokens(0.5, 3) == 1.875);
     }
 }

@@ -24,48 +24,7 @@ impl Run<'_> {
     ) -> Result<()> {
         batch.clear();
         self.running.sort_unstable_by_key(|c| c.seq);
-        // Drafts take what the batch has left after one token per choice.
-        let mut room = self.batch_size.saturating_sub(self.running.len());
-        let mut drafts: Vec<Vec<LlamaToken>> = Vec::with_capacity(self.running.len());
-        for c in &mut self.running {
-            let state = self
-                .states
-                .get_mut(&c.job)
-                .ok_or_else(|| CmplError::internal("choice without a job"))?;
-            // A draft never runs past the choice's budget, so its cells stay
-            // within the ones the job was given.
-            let limit = (state.job.budget.saturating_sub(c.generated) as usize)
-                .saturating_sub(1)
-                .min(room);
-            let draft: Vec<LlamaToken> = match &mut c.drafter {
-                Some(d) => d.draft(limit).iter().map(|&t| LlamaToken(t)).collect(),
-                None => Vec::new(),
-            };
-            room -= draft.len();
-            drafts.push(draft);
-        }
-        if self.running.len() > 1 {
-            match self.layout {
-                // With a stream per slot, llama.cpp splits a batch into
-                // passes that take as many tokens from each sequence: drafts
-                // of unequal lengths would cost a pass more than they save.
-                // So all running choices draft, as long as the shortest, or
-                // none does.
-                Layout::PerSlot => {
-                    let common = drafts.iter().map(Vec::len).min().unwrap_or(0);
-                    let common = lookup::verified_length(common);
-                    drafts.iter_mut().for_each(|d| d.truncate(common));
-                }
-                // In one shared cache, the cells a refused draft leaves are
-                // taken by the next tokens of whichever sequence comes first,
-                // so a sequence's cells would no longer lie in the order of
-                // its positions; llama.cpp's CPU flash attention sums them in
-                // cell order, in half precision, and the text would part from
-                // the plain run's far more often than near-ties do. Drafting
-                // waits until one sequence is left.
-                Layout::Shared => drafts.iter_mut().for_each(Vec::clear),
-            }
-        }
+        let drafts = self.drafts()?;
         for (c, draft) in self.running.iter().zip(&drafts) {
             if let Some(state) = self.states.get_mut(&c.job) {
                 state.drafts.drafted += draft.len() as u32;
@@ -94,6 +53,53 @@ impl Run<'_> {
             self.verify(c, &draft, idx, ctx, sink)?;
         }
         Ok(())
+    }
+
+    /// This step's drafts, one per running choice (in order), as
+    /// [`lookup::plan`] sizes them.
+    fn drafts(&mut self) -> Result<Vec<Vec<LlamaToken>>> {
+        let seqs = self.running.len();
+        let none = || vec![Vec::new(); seqs];
+        // Several choices draft together only with a stream per slot, and
+        // then all alike: llama.cpp splits a batch there into passes that
+        // take as many tokens from each sequence, so drafts of unequal
+        // lengths would cost a pass more than they save. In one shared
+        // cache, the cells a refused draft leaves are taken by the next
+        // tokens of whichever sequence comes first, so a sequence's cells
+        // would no longer lie in the order of its positions; llama.cpp's CPU
+        // flash attention sums them in cell order, in half precision, and
+        // the text would part from the plain run's far more often than
+        // near-ties do. There, drafting waits until one sequence is left.
+        if seqs > 1 && self.layout == Layout::Shared {
+            return Ok(none());
+        }
+        let mut offers = Vec::with_capacity(seqs);
+        for c in &self.running {
+            let state = self
+                .states
+                .get(&c.job)
+                .ok_or_else(|| CmplError::internal("choice without a job"))?;
+            // A draft never runs past the choice's budget, so its cells stay
+            // within the ones the job was given.
+            let limit = (state.job.budget.saturating_sub(c.generated) as usize).saturating_sub(1);
+            match c.drafter.as_ref().and_then(|d| d.offer(limit)) {
+                Some(offer) => offers.push(offer),
+                None => return Ok(none()),
+            }
+        }
+        // The batch holds one token per choice and the drafts.
+        let k = lookup::plan(&offers, self.batch_size.saturating_sub(seqs));
+        let drafts: Vec<Vec<LlamaToken>> = offers
+            .iter()
+            .map(|o| o.tokens[..k].iter().map(|&t| LlamaToken(t)).collect())
+            .collect();
+        if k == 0 {
+            self.running
+                .iter_mut()
+                .filter_map(|c| c.drafter.as_mut())
+                .for_each(lookup::Drafter::skipped);
+        }
+        Ok(drafts)
     }
 
     /// Draws the choice's tokens from outputs `idx`, `idx + 1`… while each
