@@ -81,7 +81,7 @@ fn json_and_stream_have_the_contract_shape() {
     // Token ids come through, as locally.
     let local_stream = cmpl(
         &[
-            &greedy("The capital of France is")[..],
+            &local_greedy("The capital of France is")[..],
             &["--json", "--stream"],
         ]
         .concat(),
