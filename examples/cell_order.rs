@@ -1,3 +1,20 @@
+//! A reproduction of why, in one shared KV cache, prompt lookup waits until
+//! one sequence is left (docs/performance.md, Prompt lookup): two sequences
+//! decode a few tokens, then in one call each its pending token and a
+//! 3-token draft, whose cells are then removed; the next token's logits are
+//! compared with a run that never drafted. With flash attention on, a
+//! sequence whose refused cells were refilled by the other's tokens is off
+//! (its cells are summed in cell order, in half precision); off, every run
+//! is identical to the bit. A developer's measurement, not a test:
+//!
+//!     cargo run --release --example cell_order -- MODEL MODE FLASH
+//!
+//! MODE 1: both sequences share the prompt's cells and draft; 2: each has
+//! its own prompt cells, both draft; 3: only sequence 1 drafts; 4: none
+//! does (the reference). FLASH: 1 on, 0 off. Run all eight; each prints
+//! its greedy picks and the largest logit difference between the two
+//! sequences, and saves its logits under $TMPDIR for MODE 4's comparison.
+
 use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::llama_batch::LlamaBatch;
@@ -90,8 +107,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .zip(&b)
         .map(|(x, y)| (x - y).abs())
         .fold(0f32, f32::max);
+    let saved = |m: u32| std::env::temp_dir().join(format!("cell_order_m{m}_f{fa}.bin"));
     let bytes: Vec<u8> = a.iter().chain(&b).flat_map(|x| x.to_le_bytes()).collect();
-    std::fs::write(format!("/tmp/exp/m{mode}f{fa}.bin"), bytes)?;
+    std::fs::write(saved(mode), bytes)?;
+    if let Ok(reference) = std::fs::read(saved(4)) {
+        let r: Vec<f32> = reference
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let off = |x: &[f32], y: &[f32]| {
+            x.iter()
+                .zip(y)
+                .map(|(p, q)| (p - q).abs())
+                .fold(0f32, f32::max)
+        };
+        let n = a.len();
+        println!(
+            "mode {mode} flash {fa}: against mode 4, sequence 0 off by {}, sequence 1 by {}",
+            off(&a, &r[..n]),
+            off(&b, &r[n..])
+        );
+    }
     println!(
         "mode {mode} fa {fa}: argmax {} vs {}, max diff {diff}",
         argmax(&a),
