@@ -68,12 +68,12 @@ pub fn run(inv: &Invocation, config: &Config, json: &mut bool) -> Result<()> {
     let heat_map = color && format == Format::Text && request.logprobs.is_some() && request.n == 1;
     let verbose = inv.runtime.verbose && inv.runtime.remote.is_none();
     let outcome = backend.run(vec![request], &opts, &INTERRUPTED, &mut |event| {
-        match &event {
-            Event::Rejected { error, .. } => return Err(error.clone()),
+        match event {
+            Event::Rejected { error, .. } => return Err(error),
             Event::Started { .. } if heat_map => {
                 eprintln!("{}", crate::printer::heat_legend());
             }
-            Event::Done { result, .. } if verbose => eprintln!("cmpl: {}", result.drafts),
+            Event::Done { ref result, .. } if verbose => eprintln!("cmpl: {}", result.drafts),
             _ => {}
         }
         printer.event(event)
