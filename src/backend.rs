@@ -123,6 +123,9 @@ pub struct JobResult {
     pub choices: Vec<ChoiceResult>,
     /// Prompt lookup's draft tokens (`--lookup`), all choices together.
     pub drafts: Drafts,
+    /// Prompt tokens whose KV cells came from the prefix cache instead of
+    /// being evaluated (they still count in `prompt_tokens`).
+    pub reused: u32,
 }
 
 /// Tokens drafted by prompt lookup, and how many of them the model took.

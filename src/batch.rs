@@ -86,6 +86,7 @@ pub fn run(inv: &Invocation, config: &Config, file: Option<&Path>) -> Result<boo
     };
     let progress = Progress::new(requests.len() as u64);
     let mut drafts = Drafts::default();
+    let (mut reused, mut prompt_tokens) = (0u64, 0u64);
     let outcome = backend.run(requests, &opts, &INTERRUPTED, &mut |event| {
         match event {
             Event::Token { .. } => progress.token(),
@@ -97,6 +98,8 @@ pub fn run(inv: &Invocation, config: &Config, file: Option<&Path>) -> Result<boo
             }
             Event::Done { job, result } => {
                 drafts.add(result.drafts);
+                reused += u64::from(result.reused);
+                prompt_tokens += u64::from(result.prompt_tokens);
                 let (line, _, header, echoed, logprobs) = &meta[job];
                 let response = crate::printer::response(
                     header,
@@ -117,6 +120,9 @@ pub fn run(inv: &Invocation, config: &Config, file: Option<&Path>) -> Result<boo
     progress.finish();
     if inv.runtime.verbose && inv.runtime.remote.is_none() {
         eprintln!("cmpl: {drafts} (all lines)");
+        eprintln!(
+            "cmpl: prefix cache: {reused} of {prompt_tokens} prompt tokens reused (all lines)"
+        );
     }
     outcome?;
     Ok(!out.failed)

@@ -196,6 +196,12 @@ pub struct Cli {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=64), help_heading = "Runtime")]
     pub lookup: Option<u32>,
 
+    /// Evaluate every prompt from its first token, instead of starting from
+    /// the KV cells of an earlier prompt that began the same way (batch
+    /// lines, server requests; kept while memory allows).
+    #[arg(long, help_heading = "Runtime")]
+    pub no_prefix_cache: bool,
+
     /// Keep the weights as stored instead of repacking some into CPU-friendly
     /// layouts at load (as llama.cpp's --no-repack): less memory and a faster
     /// load, slower prompts and batches.
@@ -375,6 +381,7 @@ impl Cli {
                 ("--n-gpu-layers", self.n_gpu_layers.is_some()),
                 ("--no-repack", self.no_repack),
                 ("--lookup", self.lookup.is_some()),
+                ("--no-prefix-cache", self.no_prefix_cache),
             ];
             if let Some((flag, _)) = local_only.iter().find(|(_, given)| *given) {
                 return Err(CmplError::invalid(
@@ -412,6 +419,7 @@ impl Cli {
                 parallel: self.parallel.or(from_config.parallel),
                 repack: !self.no_repack,
                 lookup: self.lookup.or(from_config.lookup),
+                prefix_cache: !self.no_prefix_cache,
                 verbose: self.verbose,
                 remote,
             },

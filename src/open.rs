@@ -50,6 +50,7 @@ fn load(model: ModelRef, runtime: &Runtime) -> Result<&'static Engine> {
         repack: runtime.repack,
         verbose: runtime.verbose,
         lookup: runtime.lookup.unwrap_or(crate::engine::DEFAULT_LOOKUP),
+        prefix_cache: runtime.prefix_cache,
     };
     let bar = (std::io::stderr().is_terminal() && !runtime.verbose).then(|| {
         let bar = indicatif::ProgressBar::with_draw_target(

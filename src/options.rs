@@ -41,6 +41,8 @@ pub struct Runtime {
     pub repack: bool,
     /// `--lookup`; `None`: the engine's default.
     pub lookup: Option<u32>,
+    /// Not `--no-prefix-cache`.
+    pub prefix_cache: bool,
     pub verbose: bool,
     /// A server to send requests to instead of loading a model.
     pub remote: Option<crate::remote::Endpoint>,

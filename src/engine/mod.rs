@@ -7,6 +7,7 @@ mod load;
 mod logprobs;
 mod lookup;
 mod memory;
+mod prefix;
 mod sampler;
 mod scheduler;
 mod vector;
@@ -44,6 +45,9 @@ pub struct LoadOptions {
     pub verbose: bool,
     /// Prompt lookup: the most tokens drafted per step; 0 turns it off.
     pub lookup: u32,
+    /// Reuse the KV cells of prompts already evaluated (batch lines, server
+    /// requests) for the prompts that begin the same way.
+    pub prefix_cache: bool,
 }
 
 pub struct Engine {
@@ -55,6 +59,11 @@ pub struct Engine {
     threads: i32,
     /// See [`LoadOptions::lookup`].
     lookup: u32,
+    /// See [`LoadOptions::prefix_cache`]; off for recurrent models, whose
+    /// state cannot be cut back to a prefix.
+    prefix_cache: bool,
+    /// The sliding window of the model's windowed layers, if it has any.
+    window: Option<u32>,
     /// Free memory of the GPU devices after loading; `None` without one.
     gpu_free: Option<u64>,
     /// -ngl as given (default: all layers, where there is a GPU).
@@ -254,6 +263,10 @@ impl Engine {
         })?;
         let threads = opts.threads.map_or_else(physical_cores, |t| t as i32);
         let gpu_free = memory::gpu_free_memory();
+        let prefix_cache = opts.prefix_cache && !model.is_recurrent() && !model.is_hybrid();
+        let window = info
+            .arch_u64("attention.sliding_window")
+            .map(|w| u32::try_from(w).unwrap_or(u32::MAX));
         Ok(Engine {
             model,
             backend,
@@ -261,6 +274,8 @@ impl Engine {
             info,
             threads,
             lookup: opts.lookup,
+            prefix_cache,
+            window,
             gpu_free,
             gpu_layers: opts.n_gpu_layers,
             longest_piece: std::sync::OnceLock::new(),

@@ -7,6 +7,7 @@ mod prompt;
 mod step;
 
 use super::lookup::Drafter;
+use super::prefix::PrefixIndex;
 use super::{sampler, Engine, Job};
 use crate::backend::{ChoiceResult, Drafts, Event, Sink, TokenInfo};
 use crate::error::{CmplError, ErrorKind, Result};
@@ -15,6 +16,7 @@ use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
+use llama_cpp_2::DecodeError;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -65,6 +67,8 @@ struct JobState {
     choices: Vec<Option<ChoiceResult>>,
     completion_tokens: u32,
     drafts: Drafts,
+    /// Prompt tokens whose cells were reused (the prefix cache).
+    reused: u32,
 }
 
 impl Engine {
@@ -109,6 +113,9 @@ impl Engine {
             free_cells: cells,
             states: HashMap::new(),
             running: Vec::new(),
+            prefix: self
+                .prefix_cache
+                .then(|| PrefixIndex::new(parallel as usize)),
         };
         let mut pending: VecDeque<(usize, Job)> = jobs.into();
         let mut open = true;
@@ -134,8 +141,10 @@ impl Engine {
             if pending.is_empty() && run.running.is_empty() && !open {
                 return Ok(());
             }
-            // Admit waiting jobs, in order, while their slots and cells are free.
-            let (mut seqs_left, mut cells_left) = (run.free_seqs.len(), run.free_cells);
+            // Admit waiting jobs, in order, while their slots and cells are
+            // free (cells kept for the prefix cache make way).
+            let (mut seqs_left, mut cells_left) =
+                (run.free_seqs.len(), run.free_cells + run.kept_cells());
             let mut admitted = Vec::new();
             while let Some((_, job)) = pending.front() {
                 if job.request.n as usize > seqs_left || run.pooled_cells(job) > cells_left {
@@ -154,7 +163,7 @@ impl Engine {
                 // either fits now or never will.
                 let fits = pending.front().is_some_and(|(_, job)| {
                     job.request.n as usize <= run.free_seqs.len()
-                        && run.pooled_cells(job) <= run.free_cells
+                        && run.pooled_cells(job) <= run.free_cells + run.kept_cells()
                 });
                 if fits {
                     continue;
@@ -214,6 +223,10 @@ struct Run<'e> {
     free_cells: u32,
     states: HashMap<usize, JobState>,
     running: Vec<ChoiceState>,
+    /// With the prefix cache: what each sequence's cells hold. A finished
+    /// sequence keeps its cells (in the pool, they count against
+    /// `free_cells`) until its slot or its cells are needed.
+    prefix: Option<PrefixIndex>,
 }
 
 impl Run<'_> {
@@ -223,23 +236,83 @@ impl Run<'_> {
             .into_iter()
             .partition(|c| c.job == job);
         self.running = kept;
-        for c in gone {
-            release(&mut self.free_seqs, c.seq, ctx);
-        }
         if let Some(state) = self.states.remove(&job) {
             self.free_cells += self.pooled_cells(&state.job);
         }
+        for c in gone {
+            self.release(c.seq, ctx);
+        }
     }
-}
 
-/// Frees a sequence: its cells in the cache (shared prompt cells go with the
-/// last sequence that holds them) and its slot.
-fn release(free_seqs: &mut BTreeSet<i32>, seq: i32, ctx: &mut LlamaContext) {
-    let _ = ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
-    free_seqs.insert(seq);
-}
+    /// Frees a sequence's slot. With the prefix cache its decoded cells
+    /// stay (draft cells past them go) while the pool has room for them;
+    /// otherwise they leave the cache (shared prompt cells go with the last
+    /// sequence that holds them).
+    fn release(&mut self, seq: i32, ctx: &mut LlamaContext) {
+        self.free_seqs.insert(seq);
+        if let Some(prefix) = &mut self.prefix {
+            let len = prefix.keep(seq) as u32;
+            let room = self.layout == Layout::PerSlot || len <= self.free_cells;
+            if len > 0
+                && room
+                && matches!(
+                    ctx.clear_kv_cache_seq(Some(seq as u32), Some(len), None),
+                    Ok(true)
+                )
+            {
+                if self.layout == Layout::Shared {
+                    self.free_cells -= len;
+                }
+                return;
+            }
+            prefix.drop_seq(seq);
+        }
+        let _ = ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
+    }
 
-fn decode(ctx: &mut LlamaContext, batch: &mut LlamaBatch) -> Result<()> {
-    ctx.decode(batch)
-        .map_err(|e| CmplError::internal(format!("llama.cpp decode failed: {e}")))
+    /// A free sequence's kept cells leave the cache.
+    fn forget(&mut self, seq: i32, ctx: &mut LlamaContext) {
+        if let Some(prefix) = &mut self.prefix {
+            if self.layout == Layout::Shared {
+                self.free_cells += prefix.len(seq) as u32;
+            }
+            prefix.drop_seq(seq);
+        }
+        let _ = ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
+    }
+
+    /// Pool cells that free sequences keep for the prefix cache.
+    fn kept_cells(&self) -> u32 {
+        match (&self.prefix, self.layout) {
+            (Some(prefix), Layout::Shared) => {
+                self.free_seqs.iter().map(|&s| prefix.len(s) as u32).sum()
+            }
+            _ => 0,
+        }
+    }
+
+    /// Decodes the batch. Kept cells shared by several sequences also keep
+    /// their sliding-window cells, which can leave too few for the batch:
+    /// then they go, and the batch is tried once more.
+    fn decode(&mut self, ctx: &mut LlamaContext, batch: &mut LlamaBatch) -> Result<()> {
+        let mut outcome = ctx.decode(batch);
+        if matches!(outcome, Err(DecodeError::NoKvCacheSlot)) && self.kept_any() {
+            let kept: Vec<i32> = self.free_seqs.iter().copied().collect();
+            for seq in kept {
+                self.forget(seq, ctx);
+            }
+            outcome = ctx.decode(batch);
+        }
+        outcome.map_err(|e| CmplError::internal(format!("llama.cpp decode failed: {e}")))?;
+        if let Some(prefix) = &mut self.prefix {
+            prefix.flushed();
+        }
+        Ok(())
+    }
+
+    fn kept_any(&self) -> bool {
+        self.prefix
+            .as_ref()
+            .is_some_and(|p| self.free_seqs.iter().any(|&s| p.len(s) > 0))
+    }
 }

@@ -593,6 +593,7 @@ impl Accumulator {
         let completion_tokens = total.unwrap_or_else(|| self.choices.iter().map(|c| c.count).sum());
         let result = JobResult {
             drafts: Default::default(),
+            reused: 0,
             prompt_tokens,
             completion_tokens,
             prompt: None,
@@ -661,6 +662,7 @@ impl Accumulator {
         }
         let result = JobResult {
             drafts: Default::default(),
+            reused: 0,
             prompt_tokens: answer.usage.prompt_tokens,
             completion_tokens: answer.usage.completion_tokens,
             prompt: answer.prompt,

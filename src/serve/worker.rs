@@ -38,6 +38,8 @@ struct Client {
     started: Instant,
     tokens: u32,
     drafts: Drafts,
+    /// Prompt tokens the prefix cache spared.
+    reused: u32,
     _slot: InFlight,
 }
 
@@ -131,6 +133,7 @@ pub fn run(
                 started: Instant::now(),
                 tokens: 0,
                 drafts: Drafts::default(),
+                reused: 0,
                 _slot: submission._slot,
             },
         );
@@ -156,6 +159,7 @@ pub fn run(
             }
             Event::Done { ref result, .. } => {
                 client.drafts = result.drafts;
+                client.reused = result.reused;
                 let printed = client
                     .printer
                     .event(event)
@@ -192,7 +196,8 @@ fn cancelled() -> CmplError {
     CmplError::new(ErrorKind::Cancelled, "the client went away")
 }
 
-/// One short line per completion: method, path, status, tokens, time, and
+/// One short line per completion: method, path, status, tokens, time,
+/// prompt tokens reused from the prefix cache where there were some, and
 /// prompt lookup's drafts where it drafted.
 fn log(client: Option<Client>, status: u16) {
     if let Some(c) = client {
@@ -201,8 +206,13 @@ fn log(client: Option<Client>, status: u16) {
         } else {
             String::new()
         };
+        let reused = if c.reused > 0 {
+            format!(" (reused {} prompt tokens)", c.reused)
+        } else {
+            String::new()
+        };
         eprintln!(
-            "cmpl: POST {} {status} {} tokens {:.3} s{drafts}",
+            "cmpl: POST {} {status} {} tokens {:.3} s{reused}{drafts}",
             c.path,
             c.tokens,
             c.started.elapsed().as_secs_f64()

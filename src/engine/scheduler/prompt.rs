@@ -2,11 +2,10 @@
 //! decode calls), then its choices started.
 
 use super::step::fill_logprobs;
-use super::{
-    cancelled, decode, release, ChoiceState, JobState, Layout, Run, PROMPT_CHUNK_ALL_LOGITS,
-};
+use super::{cancelled, ChoiceState, JobState, Layout, Run, PROMPT_CHUNK_ALL_LOGITS};
 use crate::backend::{Event, Sink, TokenInfo};
 use crate::engine::lookup::Drafter;
+use crate::engine::prefix::Source;
 use crate::engine::{sampler, Job};
 use crate::error::{CmplError, Result};
 use crate::stop::StopMatcher;
@@ -22,7 +21,14 @@ struct Prompted {
     seqs: Vec<i32>,
     /// The prompt's tokens when echoed (with logprobs once scored).
     prompt: Vec<TokenInfo>,
+    /// Prompt tokens whose cells were reused.
+    reused: usize,
 }
+
+/// Prompt tokens worth a copy of another slot's whole stream (with a
+/// stream per slot; in one pool a copy only tags cells): under this, the
+/// copy costs about what evaluating them does.
+const MIN_STREAM_COPY: usize = 32;
 
 impl Run<'_> {
     /// Evaluates the jobs' prompts, as many tokens per decode call as the
@@ -41,13 +47,11 @@ impl Run<'_> {
         let mut ready: Vec<(Prompted, i32)> = Vec::new();
         batch.clear();
         for (index, job) in jobs {
-            let seqs: Vec<i32> = (0..job.request.n)
-                .filter_map(|_| self.free_seqs.pop_first())
-                .collect();
-            self.free_cells -= self.pooled_cells(&job);
             let echo = job.request.echo;
             // With echo, every prompt token is reported; with logprobs too, each
-            // is scored by the logits of the position before it.
+            // is scored by the logits of the position before it (so evaluated).
+            let scored = echo && (job.request.logprobs.is_some() || job.token_logprob);
+            let (seqs, reused) = self.place(&job, !scored, &mut ready, ctx, batch, sink)?;
             let prompt_infos: Vec<TokenInfo> = if echo {
                 job.tokens.iter().map(|&t| self.token_info(t)).collect()
             } else {
@@ -58,8 +62,9 @@ impl Run<'_> {
                 job,
                 seqs,
                 prompt: prompt_infos,
+                reused,
             };
-            if echo && (prompted.job.request.logprobs.is_some() || prompted.job.token_logprob) {
+            if scored {
                 // Every position's logits are kept: alone, in small chunks.
                 self.flush(&mut ready, ctx, batch, sink)?;
                 let last = self.score_prompt(&mut prompted, ctx, batch, interrupted)?;
@@ -68,11 +73,12 @@ impl Run<'_> {
                 continue;
             }
             let n_prompt = prompted.job.tokens.len();
-            for (pos, &token) in prompted.job.tokens.iter().enumerate() {
+            for (pos, &token) in prompted.job.tokens.iter().enumerate().skip(reused) {
                 if batch.n_tokens() as usize >= self.batch_size {
                     if interrupted.load(Ordering::Relaxed) {
                         return Err(CmplError::interrupted());
                     }
+                    self.queued(&prompted.seqs, pos);
                     self.flush(&mut ready, ctx, batch, sink)?;
                 }
                 batch
@@ -84,10 +90,151 @@ impl Run<'_> {
                     )
                     .map_err(|e| CmplError::internal(format!("batch: {e}")))?;
             }
+            self.queued(&prompted.seqs, n_prompt);
             let last = batch.n_tokens() - 1;
             ready.push((prompted, last));
         }
         self.flush(&mut ready, ctx, batch, sink)
+    }
+
+    /// Takes sequences for `job` and, with the prefix cache (and `reuse`),
+    /// starts them from the longest prefix of its prompt that some
+    /// sequence's cells hold; returns them and how many prompt tokens they
+    /// start with. Charges the job's cells to the pool.
+    fn place(
+        &mut self,
+        job: &Job,
+        reuse: bool,
+        ready: &mut Vec<(Prompted, i32)>,
+        ctx: &mut LlamaContext,
+        batch: &mut LlamaBatch,
+        sink: &mut Sink,
+    ) -> Result<(Vec<i32>, usize)> {
+        let prompt: Vec<i32> = job.tokens.iter().map(|t| t.0).collect();
+        // The last prompt token is always evaluated: its logits start the answer.
+        let source = match &self.prefix {
+            Some(prefix) if reuse => prefix.best(&prompt, prompt.len() - 1),
+            _ => None,
+        };
+        let in_place = source.map(|s| s.seq).filter(|s| self.free_seqs.contains(s));
+        let mut seqs = Vec::with_capacity(job.request.n as usize);
+        for i in 0..job.request.n {
+            // A stream per slot takes the lowest free ids (see
+            // `Layout::PerSlot`); one pool takes the source itself when it is
+            // free, else what keeps the least.
+            let seq = match (&self.prefix, self.layout) {
+                (Some(prefix), Layout::Shared) => in_place
+                    .filter(|_| i == 0)
+                    .or_else(|| prefix.spare(self.free_seqs.iter().copied())),
+                _ => self.free_seqs.first().copied(),
+            }
+            .ok_or_else(|| CmplError::internal("no free sequence for an admitted job"))?;
+            self.free_seqs.remove(&seq);
+            if Some(seq) == in_place {
+                // Its kept cells are now the job's, charged with the job.
+                if let Some(prefix) = &self.prefix {
+                    if self.layout == Layout::Shared {
+                        self.free_cells += prefix.len(seq) as u32;
+                    }
+                }
+            } else {
+                self.forget(seq, ctx);
+            }
+            seqs.push(seq);
+        }
+        let reused = match source {
+            Some(source) => self.reuse(source, &seqs, ready, ctx, batch, sink)?,
+            None => 0,
+        };
+        // Room in the pool: kept cells go, least recently used first.
+        let needed = self.pooled_cells(job);
+        while needed > self.free_cells {
+            let oldest = self
+                .prefix
+                .as_ref()
+                .and_then(|p| p.oldest(self.free_seqs.iter().copied()));
+            let Some(seq) = oldest else { break };
+            self.forget(seq, ctx);
+        }
+        self.free_cells = self.free_cells.saturating_sub(needed);
+        let started = self.prompt_seqs(&seqs).len();
+        if let Some(prefix) = &mut self.prefix {
+            for &seq in &seqs[..started] {
+                prefix.start(seq, &prompt, reused);
+            }
+        }
+        Ok((seqs, reused))
+    }
+
+    /// Starts `seqs` from `source`'s first tokens: the source itself cut
+    /// back to them, or a copy (in one pool, its cells tagged with each
+    /// sequence; with a stream per slot, its stream copied and cut back).
+    /// Returns the tokens reused; none where the cells are not all there
+    /// (a sliding-window layer lets a sequence's old cells go) or a cut is
+    /// not possible (recurrent models).
+    fn reuse(
+        &mut self,
+        source: Source,
+        seqs: &[i32],
+        ready: &mut Vec<(Prompted, i32)>,
+        ctx: &mut LlamaContext,
+        batch: &mut LlamaBatch,
+        sink: &mut Sink,
+    ) -> Result<usize> {
+        let Source { seq: from, len } = source;
+        let copies = self.prompt_seqs(seqs).iter().any(|&s| s != from);
+        if copies && self.layout == Layout::PerSlot && len < MIN_STREAM_COPY {
+            return Ok(0);
+        }
+        if self.prefix.as_ref().is_some_and(|p| !p.decoded(from, len)) {
+            // The source's own prompt is still in the batch.
+            self.flush(ready, ctx, batch, sink)?;
+        }
+        let kv = |e| CmplError::internal(format!("KV copy: {e}"));
+        let mut cut = true;
+        for &seq in self.prompt_seqs(seqs) {
+            if seq != from {
+                match self.layout {
+                    Layout::Shared => ctx
+                        .copy_kv_cache_seq(from, seq, None, Some(len as u32))
+                        .map_err(kv)?,
+                    Layout::PerSlot => ctx.copy_kv_cache_seq(from, seq, None, None).map_err(kv)?,
+                }
+            }
+            cut &= matches!(
+                ctx.clear_kv_cache_seq(Some(seq as u32), Some(len as u32), None),
+                Ok(true)
+            );
+        }
+        // Positions a token at `len` attends to in a sliding-window layer.
+        let needed = self
+            .engine
+            .window
+            .map_or(0, |w| len.saturating_sub(w as usize));
+        let whole = self
+            .prompt_seqs(seqs)
+            .iter()
+            .all(|&seq| (0..=needed as i32).contains(&ctx.kv_cache_seq_pos_min(seq)));
+        if !(cut && whole) {
+            for &seq in self.prompt_seqs(seqs) {
+                let _ = ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
+            }
+            return Ok(0);
+        }
+        if let Some(prefix) = &mut self.prefix {
+            prefix.touch(from);
+        }
+        Ok(len)
+    }
+
+    /// The job's prompt is in the batch up to position `upto`.
+    fn queued(&mut self, seqs: &[i32], upto: usize) {
+        let started = self.prompt_seqs(seqs).len();
+        if let Some(prefix) = &mut self.prefix {
+            for &seq in &seqs[..started] {
+                prefix.queued(seq, upto);
+            }
+        }
     }
 
     /// The cells `job` takes from the shared pool while it runs; none with
@@ -118,7 +265,7 @@ impl Run<'_> {
         sink: &mut Sink,
     ) -> Result<()> {
         if batch.n_tokens() > 0 {
-            decode(ctx, batch)?;
+            self.decode(ctx, batch)?;
         }
         for (prompted, last) in ready.drain(..) {
             self.start(prompted, last, ctx, sink)?;
@@ -130,7 +277,7 @@ impl Run<'_> {
     /// Decodes a prompt whose every position is scored (echo with
     /// logprobs); returns the index of its last token's logits.
     fn score_prompt(
-        &self,
+        &mut self,
         p: &mut Prompted,
         ctx: &mut LlamaContext,
         batch: &mut LlamaBatch,
@@ -148,7 +295,8 @@ impl Run<'_> {
                     .add(token, (start + j) as i32, self.prompt_seqs(&p.seqs), true)
                     .map_err(|e| CmplError::internal(format!("batch: {e}")))?;
             }
-            decode(ctx, batch)?;
+            self.queued(&p.seqs, start + tokens.len());
+            self.decode(ctx, batch)?;
             for j in 0..tokens.len() {
                 if let Some(info) = p.prompt.get_mut(start + j + 1) {
                     let logits = ctx.get_logits_ith(j as i32);
@@ -174,6 +322,7 @@ impl Run<'_> {
             job,
             seqs,
             prompt: prompt_infos,
+            reused,
         } = p;
         let n = job.request.n;
         let echo = job.request.echo;
@@ -183,6 +332,10 @@ impl Run<'_> {
             for &seq in &seqs[1..] {
                 ctx.copy_kv_cache_seq(seqs[0], seq, None, None)
                     .map_err(|e| CmplError::internal(format!("KV copy: {e}")))?;
+                if let Some(prefix) = &mut self.prefix {
+                    let prompt: Vec<i32> = job.tokens.iter().map(|t| t.0).collect();
+                    prefix.start(seq, &prompt, prompt.len());
+                }
             }
         }
         let lookup = self.engine.lookup as usize;
@@ -226,6 +379,7 @@ impl Run<'_> {
                 choices: vec![None; n as usize],
                 completion_tokens: 0,
                 drafts: Default::default(),
+                reused: reused as u32,
                 job,
             },
         );
@@ -238,7 +392,7 @@ impl Run<'_> {
         for choice in choices {
             if !self.states.contains_key(&index) {
                 // Cancelled by its first token: free what was never run.
-                release(&mut self.free_seqs, choice.seq, ctx);
+                self.release(choice.seq, ctx);
                 continue;
             }
             if let Some(running) = self.advance(choice, ctx, last_idx, sink)? {

@@ -2,7 +2,7 @@
 //! draft, with prompt lookup) decoded in one call, then each one's next
 //! tokens drawn, reported, and checked against the draft.
 
-use super::{cancelled, decode, release, ChoiceState, Layout, Run};
+use super::{cancelled, ChoiceState, Layout, Run};
 use crate::backend::{ChoiceResult, Counts, Event, Finish, JobResult, Sink, TokenInfo};
 use crate::engine::logprobs::{log_sum_exp, top_k};
 use crate::engine::lookup;
@@ -38,7 +38,7 @@ impl Run<'_> {
                     .map_err(|e| CmplError::internal(format!("batch: {e}")))?;
             }
         }
-        decode(ctx, batch)?;
+        self.decode(ctx, batch)?;
         let running = std::mem::take(&mut self.running);
         let mut first = 0;
         for (mut c, draft) in running.into_iter().zip(drafts) {
@@ -46,8 +46,11 @@ impl Run<'_> {
             first += 1 + draft.len() as i32;
             if !self.states.contains_key(&c.job) {
                 // Its job was cancelled earlier in this step.
-                release(&mut self.free_seqs, c.seq, ctx);
+                self.release(c.seq, ctx);
                 continue;
+            }
+            if let Some(prefix) = &mut self.prefix {
+                prefix.push(c.seq, c.next.0);
             }
             c.pos += 1;
             self.verify(c, &draft, idx, ctx, sink)?;
@@ -126,6 +129,9 @@ impl Run<'_> {
                 break;
             }
             // The draft's token is already in the cache at `pos`.
+            if let Some(prefix) = &mut self.prefix {
+                prefix.push(c.seq, c.next.0);
+            }
             taken += 1;
             c.pos += 1;
             if let Some(state) = self.states.get_mut(&c.job) {
@@ -203,8 +209,8 @@ impl Run<'_> {
             }),
         });
         if cancelled(&told) {
-            release(&mut self.free_seqs, c.seq, ctx);
             self.cancel(c.job, ctx);
+            self.release(c.seq, ctx);
             return Ok(None);
         }
         told?;
@@ -218,8 +224,8 @@ impl Run<'_> {
             }
             return Ok(Some(c));
         };
-        // Finished: free its sequence.
-        release(&mut self.free_seqs, c.seq, ctx);
+        // Finished: its sequence is freed once the job's cells are back in
+        // the pool (so that its own can stay, with the prefix cache).
         state.choices[c.index as usize] = Some(ChoiceResult {
             index: c.index,
             seed: Some(u64::from(c.seed)),
@@ -239,13 +245,17 @@ impl Run<'_> {
                         prompt: done.prompt,
                         choices: done.choices.into_iter().flatten().collect(),
                         drafts: done.drafts,
+                        reused: done.reused,
                     },
                 });
+                self.release(c.seq, ctx);
                 if !cancelled(&told) {
                     told?;
                 }
+                return Ok(None);
             }
         }
+        self.release(c.seq, ctx);
         Ok(None)
     }
 
