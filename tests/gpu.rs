@@ -94,15 +94,15 @@ fn the_layers_really_go_to_the_device() {
 #[test]
 fn the_kv_guard_counts_the_devices_memory() {
     // lavapipe offers 2 GiB; 32 x 32000 tokens of this model's cache take
-    // 3.2 (its 3 global layers hold every token, the 15 sliding-window ones
-    // 512 per sequence). Were the guard to let it through, it would
-    // generate for hours: bounded.
+    // 17.6 (every layer holds every token: 32 choices share the prompt's
+    // cells, so the sliding-window layers keep them all). Were the guard to
+    // let it through, it would generate for hours: bounded.
     let mut child = on_lavapipe(&["Hi", "-n", "32", "--max-tokens", "32000", "-ngl", "99"]).spawn();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     while child.try_wait().unwrap().is_none() {
         if std::time::Instant::now() > deadline {
             let _ = child.kill();
-            panic!("the guard let a 3.2 GiB cache through to a 2 GiB device");
+            panic!("the guard let a 17.6 GiB cache through to a 2 GiB device");
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
@@ -111,7 +111,7 @@ fn the_kv_guard_counts_the_devices_memory() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
         stderr.contains(
-            "needs 3.2 GiB of KV cache (1024002 tokens) in GPU memory but only 2.0 GiB is available"
+            "needs 17.6 GiB of KV cache (1024002 tokens) in GPU memory but only 2.0 GiB is available"
         ),
         "{stderr}"
     );

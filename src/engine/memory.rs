@@ -113,7 +113,11 @@ fn kv_bytes(info: &GgufInfo, shape: KvShape) -> Option<u64> {
     let cells = streams * per_stream;
     let window_cells = sliding_window(info).map(|(window, is_swa)| {
         let ubatch = PROMPT_CHUNK.max(shape.seqs as usize) as u64;
-        let want = window * if unified { u64::from(shape.seqs) } else { 1 } + ubatch;
+        let want = if shape.layout.whole_window(shape.seqs) {
+            per_stream
+        } else {
+            window * if unified { u64::from(shape.seqs) } else { 1 } + ubatch
+        };
         (streams * per_stream.min(want).next_multiple_of(256), is_swa)
     });
     let total: u64 = heads_kv
@@ -259,14 +263,17 @@ mod tests {
             kv_bytes(&gemma, slots),
             Some((3 * 16384 + 15 * 4 * 1024) * per_cell)
         );
-        // One pool for 4 sequences: the window per sequence, in one stream.
+        // One pool for 4 sequences: windowed layers keep every cell.
         let shared = KvShape {
             layout: Layout::Shared,
             ..slots
         };
+        assert_eq!(kv_bytes(&gemma, shared), Some(18 * 16384 * per_cell));
+        // One sequence: the window and the micro-batch.
+        let alone = KvShape { seqs: 1, ..shared };
         assert_eq!(
-            kv_bytes(&gemma, shared),
-            Some((3 * 16384 + 15 * 2560) * per_cell)
+            kv_bytes(&gemma, alone),
+            Some((3 * 16384 + 15 * 1024) * per_cell)
         );
         // A small context is smaller than the window: all of it (padded to 256).
         assert_eq!(kv_bytes(&gemma, pool(100)), Some(18 * 256 * per_cell));

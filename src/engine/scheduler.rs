@@ -60,6 +60,20 @@ pub(super) enum Layout {
     PerSlot,
 }
 
+impl Layout {
+    /// Whether sliding-window layers keep every cell (llama.cpp's
+    /// `swa_full`) rather than the window's. In one pool of several
+    /// sequences they must: llama.cpp lets a windowed cell go only when one
+    /// sequence holds it, so the cells of a prompt shared by several (`n` >
+    /// 1, a reused prefix) stay, and a long one would fill a window-sized
+    /// cache (`-n 2` on a 2,000-token prompt did). A stream per slot, or a
+    /// pool of one, keeps the window only, as llama-server does: a fraction
+    /// of the memory.
+    pub(super) fn whole_window(self, seqs: u32) -> bool {
+        self == Layout::Shared && seqs > 1
+    }
+}
+
 struct JobState {
     job: Job,
     running: u32,
@@ -94,10 +108,7 @@ impl Engine {
             .with_n_ubatch(batch_size as u32)
             .with_n_seq_max(parallel)
             .with_kv_unified(layout == Layout::Shared)
-            // Sliding-window layers keep only their window's cells (as
-            // llama-server does): a fraction of the memory. The full cache
-            // is for rewinding a sequence, which cmpl never does.
-            .with_swa_full(false)
+            .with_swa_full(layout.whole_window(parallel))
             .with_n_threads(self.threads)
             .with_n_threads_batch(self.threads);
         let mut ctx = self

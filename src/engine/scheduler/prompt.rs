@@ -25,10 +25,11 @@ struct Prompted {
     reused: usize,
 }
 
-/// Prompt tokens worth a copy of another slot's whole stream (with a
-/// stream per slot; in one pool a copy only tags cells): under this, the
-/// copy costs about what evaluating them does.
-const MIN_STREAM_COPY: usize = 32;
+/// The fewest prompt tokens worth reusing: fewer cost about what a copy of
+/// another slot's whole stream does, and prompts that share no more than
+/// their first few tokens (a BOS, a word) lay their cells out exactly as
+/// they would alone.
+const MIN_REUSE: usize = 32;
 
 impl Run<'_> {
     /// Evaluates the jobs' prompts, as many tokens per decode call as the
@@ -113,7 +114,9 @@ impl Run<'_> {
         let prompt: Vec<i32> = job.tokens.iter().map(|t| t.0).collect();
         // The last prompt token is always evaluated: its logits start the answer.
         let source = match &self.prefix {
-            Some(prefix) if reuse => prefix.best(&prompt, prompt.len() - 1),
+            Some(prefix) if reuse => prefix
+                .best(&prompt, prompt.len() - 1)
+                .filter(|s| s.len >= MIN_REUSE),
             _ => None,
         };
         let in_place = source.map(|s| s.seq).filter(|s| self.free_seqs.contains(s));
@@ -182,10 +185,6 @@ impl Run<'_> {
         sink: &mut Sink,
     ) -> Result<usize> {
         let Source { seq: from, len } = source;
-        let copies = self.prompt_seqs(seqs).iter().any(|&s| s != from);
-        if copies && self.layout == Layout::PerSlot && len < MIN_STREAM_COPY {
-            return Ok(0);
-        }
         if self.prefix.as_ref().is_some_and(|p| !p.decoded(from, len)) {
             // The source's own prompt is still in the batch.
             self.flush(ready, ctx, batch, sink)?;
