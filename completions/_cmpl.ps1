@@ -58,6 +58,7 @@ Register-ArgumentCompleter -Native -CommandName 'cmpl' -ScriptBlock {
             [CompletionResult]::new('--color', '--color', [CompletionResultType]::ParameterName, 'When to colour output')
             [CompletionResult]::new('--generate', '--generate', [CompletionResultType]::ParameterName, 'Print the man page or a shell completion script')
             [CompletionResult]::new('--json', '--json', [CompletionResultType]::ParameterName, 'Print the API''s JSON: one CompletionResponse, or SSE chunks with --stream')
+            [CompletionResult]::new('--no-prefix-cache', '--no-prefix-cache', [CompletionResultType]::ParameterName, 'Evaluate every prompt from its first token, instead of starting from the KV cells of an earlier prompt that began the same way (batch lines, server requests; kept while memory allows)')
             [CompletionResult]::new('--no-repack', '--no-repack', [CompletionResultType]::ParameterName, 'Keep the weights as stored instead of repacking some into CPU-friendly layouts at load (as llama.cpp''s --no-repack): less memory and a faster load, slower prompts and batches')
             [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'Show llama.cpp''s own log, and how long the model took to load, on stderr')
             [CompletionResult]::new('--strict-model', '--strict-model', [CompletionResultType]::ParameterName, 'With --serve: answer a request naming another model with 404 (default: the served model answers it)')
