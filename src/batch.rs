@@ -120,9 +120,11 @@ pub fn run(inv: &Invocation, config: &Config, file: Option<&Path>) -> Result<boo
     progress.finish();
     if inv.runtime.verbose && inv.runtime.remote.is_none() {
         eprintln!("cmpl: {drafts} (all lines)");
-        eprintln!(
-            "cmpl: prefix cache: {reused} of {prompt_tokens} prompt tokens reused (all lines)"
-        );
+        if inv.runtime.prefix_cache {
+            eprintln!(
+                "cmpl: prefix cache: {reused} of {prompt_tokens} prompt tokens reused (all lines)"
+            );
+        }
     }
     outcome?;
     Ok(!out.failed)

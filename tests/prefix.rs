@@ -94,7 +94,7 @@ fn batch_lines_sharing_a_prefix_evaluate_it_once() {
     let (cached, log) = batch(&lines, &[]);
     let (plain, plain_log) = batch(&lines, &["--no-prefix-cache"]);
     let (r, total) = reused(&log);
-    assert_eq!(reused(&plain_log), (0, total));
+    assert!(!plain_log.contains("prefix cache:"), "{plain_log}");
     // All but the first line start from an earlier one's cells.
     assert!(
         r > total * 8 / 10,

@@ -13,6 +13,21 @@ pub(super) struct KvShape {
     pub cells: u32,
     pub seqs: u32,
     pub layout: Layout,
+    /// Several sequences may hold one cell (a job's choices share its
+    /// prompt's; the prefix cache shares prefixes).
+    pub shared: bool,
+}
+
+impl KvShape {
+    /// Whether sliding-window layers keep every cell (llama.cpp's
+    /// `swa_full`) rather than the window's. Where cells are shared in one
+    /// pool they must: llama.cpp lets a windowed cell go only when one
+    /// sequence holds it, so a long shared prompt would fill a window-sized
+    /// cache (`-n 2` on a 2,000-token prompt did). Otherwise the window only,
+    /// as llama-server does: a fraction of the memory.
+    pub(super) fn whole_window(self) -> bool {
+        self.layout == Layout::Shared && self.seqs > 1 && self.shared
+    }
 }
 
 impl Engine {
@@ -113,7 +128,7 @@ fn kv_bytes(info: &GgufInfo, shape: KvShape) -> Option<u64> {
     let cells = streams * per_stream;
     let window_cells = sliding_window(info).map(|(window, is_swa)| {
         let ubatch = PROMPT_CHUNK.max(shape.seqs as usize) as u64;
-        let want = if shape.layout.whole_window(shape.seqs) {
+        let want = if shape.whole_window() {
             per_stream
         } else {
             window * if unified { u64::from(shape.seqs) } else { 1 } + ubatch
@@ -211,6 +226,7 @@ mod tests {
             cells,
             seqs: 1,
             layout: Layout::Shared,
+            shared: true,
         }
     }
 
@@ -258,6 +274,7 @@ mod tests {
             cells: 16384,
             seqs: 4,
             layout: Layout::PerSlot,
+            shared: false,
         };
         assert_eq!(
             kv_bytes(&gemma, slots),
@@ -266,9 +283,19 @@ mod tests {
         // One pool for 4 sequences: windowed layers keep every cell.
         let shared = KvShape {
             layout: Layout::Shared,
+            shared: true,
             ..slots
         };
         assert_eq!(kv_bytes(&gemma, shared), Some(18 * 16384 * per_cell));
+        // Nothing shared: the window per sequence, in one stream.
+        let apart = KvShape {
+            shared: false,
+            ..shared
+        };
+        assert_eq!(
+            kv_bytes(&gemma, apart),
+            Some((3 * 16384 + 15 * 2560) * per_cell)
+        );
         // One sequence: the window and the micro-batch.
         let alone = KvShape { seqs: 1, ..shared };
         assert_eq!(

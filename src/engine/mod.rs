@@ -125,6 +125,7 @@ impl Backend for Engine {
         // more slots than there are choices in all.
         let widest = jobs.iter().map(|(_, j)| j.request.n).max().unwrap_or(1);
         let choices: u32 = jobs.iter().map(|(_, j)| j.request.n).sum();
+        let shared = self.prefix_cache || widest > 1;
         let parallel = opts.parallel.unwrap_or_else(|| {
             let mut p = DEFAULT_PARALLEL;
             while p > 1
@@ -132,6 +133,7 @@ impl Backend for Engine {
                     cells: context_cells(&jobs, p),
                     seqs: p,
                     layout: Layout::Shared,
+                    shared,
                 })
             {
                 p /= 2;
@@ -140,18 +142,14 @@ impl Backend for Engine {
         });
         let slots = parallel.min(choices).max(widest);
         let cells = opts.ctx_size.unwrap_or_else(|| context_cells(&jobs, slots));
-        self.check_memory(KvShape {
+        let shape = KvShape {
             cells,
             seqs: slots,
             layout: Layout::Shared,
-        })?;
-        self.decode_all(
-            jobs,
-            &mut |_, _| Ok(Fed::Closed),
-            (slots, cells, Layout::Shared),
-            interrupted,
-            sink,
-        )
+            shared,
+        };
+        self.check_memory(shape)?;
+        self.decode_all(jobs, &mut |_, _| Ok(Fed::Closed), shape, interrupted, sink)
     }
 }
 
@@ -187,11 +185,13 @@ impl Engine {
         let cells = ctx_size.unwrap_or_else(|| {
             parallel.saturating_mul(SERVE_CELLS_PER_SLOT.min(self.n_ctx_train()))
         });
-        self.check_memory(KvShape {
+        let shape = KvShape {
             cells,
             seqs: parallel,
             layout: Layout::PerSlot,
-        })?;
+            shared: false,
+        };
+        self.check_memory(shape)?;
         let mut index = 0;
         let mut feed = |wait: bool, sink: &mut Sink| loop {
             let (request, token_logprobs) = match next(wait) {
@@ -206,13 +206,7 @@ impl Engine {
                 Err(error) => sink(Event::Rejected { job, error })?,
             }
         };
-        self.decode_all(
-            Vec::new(),
-            &mut feed,
-            (parallel, cells, Layout::PerSlot),
-            interrupted,
-            sink,
-        )
+        self.decode_all(Vec::new(), &mut feed, shape, interrupted, sink)
     }
 }
 

@@ -14,7 +14,8 @@ struct Held {
     queued: usize,
     /// A running choice's; otherwise its cells are kept for reuse only.
     running: bool,
-    /// When it last ran or was reused: the least recent goes first.
+    /// When it last started, stopped or served a prompt: the least recent
+    /// goes first.
     used: u64,
 }
 
@@ -48,7 +49,7 @@ impl PrefixIndex {
     }
 
     /// The sequence whose cells share the longest prefix with `prompt`, up
-    /// to `max` tokens; on a tie one that is not running (it can be reused
+    /// to `max` tokens; on a tie one that is not running (it may be reused
     /// in place), then the most recent. `None` when nothing is shared.
     pub fn best(&self, prompt: &[i32], max: usize) -> Option<Source> {
         self.held

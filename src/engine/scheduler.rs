@@ -7,6 +7,7 @@ mod prompt;
 mod step;
 
 use super::lookup::Drafter;
+use super::memory::KvShape;
 use super::prefix::PrefixIndex;
 use super::{sampler, Engine, Job};
 use crate::backend::{ChoiceResult, Drafts, Event, Sink, TokenInfo};
@@ -60,20 +61,6 @@ pub(super) enum Layout {
     PerSlot,
 }
 
-impl Layout {
-    /// Whether sliding-window layers keep every cell (llama.cpp's
-    /// `swa_full`) rather than the window's. In one pool of several
-    /// sequences they must: llama.cpp lets a windowed cell go only when one
-    /// sequence holds it, so the cells of a prompt shared by several (`n` >
-    /// 1, a reused prefix) stay, and a long one would fill a window-sized
-    /// cache (`-n 2` on a 2,000-token prompt did). A stream per slot, or a
-    /// pool of one, keeps the window only, as llama-server does: a fraction
-    /// of the memory.
-    pub(super) fn whole_window(self, seqs: u32) -> bool {
-        self == Layout::Shared && seqs > 1
-    }
-}
-
 struct JobState {
     job: Job,
     running: u32,
@@ -86,18 +73,24 @@ struct JobState {
 }
 
 impl Engine {
-    /// Runs `jobs` (each with its index) to completion in `parallel`
-    /// sequences over `cells` KV cells laid out as `layout` says, reporting
-    /// to `sink`. Stops with an `Interrupted` error as soon as `interrupted`
+    /// Runs `jobs` (each with its index) to completion in the KV cache
+    /// `shape` describes (its sequences, cells and layout), reporting to
+    /// `sink`. Stops with an `Interrupted` error as soon as `interrupted`
     /// is set.
     pub(super) fn decode_all(
         &self,
         jobs: Vec<(usize, Job)>,
         feed: &mut Feed,
-        (parallel, cells, layout): (u32, u32, Layout),
+        shape: KvShape,
         interrupted: &AtomicBool,
         sink: &mut Sink,
     ) -> Result<()> {
+        let KvShape {
+            seqs: parallel,
+            cells,
+            layout,
+            ..
+        } = shape;
         let batch_size = PROMPT_CHUNK.max(parallel as usize);
         // llama.cpp clamps the batch to the context, and needs a batch at
         // least as wide as the sequences it decodes together.
@@ -108,7 +101,7 @@ impl Engine {
             .with_n_ubatch(batch_size as u32)
             .with_n_seq_max(parallel)
             .with_kv_unified(layout == Layout::Shared)
-            .with_swa_full(layout.whole_window(parallel))
+            .with_swa_full(shape.whole_window())
             .with_n_threads(self.threads)
             .with_n_threads_batch(self.threads);
         let mut ctx = self
@@ -302,12 +295,16 @@ impl Run<'_> {
         }
     }
 
-    /// Decodes the batch. Kept cells shared by several sequences also keep
-    /// their sliding-window cells, which can leave too few for the batch:
-    /// then they go, and the batch is tried once more.
+    /// Decodes the batch. A safety net in one pool: should the cells kept
+    /// for the prefix cache leave the batch no room after all (the pool
+    /// counts them, so this should not happen), they go and the batch is
+    /// tried once more. (A stream per slot holds one sequence's cells only.)
     fn decode(&mut self, ctx: &mut LlamaContext, batch: &mut LlamaBatch) -> Result<()> {
         let mut outcome = ctx.decode(batch);
-        if matches!(outcome, Err(DecodeError::NoKvCacheSlot)) && self.kept_any() {
+        if matches!(outcome, Err(DecodeError::NoKvCacheSlot))
+            && self.layout == Layout::Shared
+            && self.kept_any()
+        {
             let kept: Vec<i32> = self.free_seqs.iter().copied().collect();
             for seq in kept {
                 self.forget(seq, ctx);

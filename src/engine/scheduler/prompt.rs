@@ -159,6 +159,7 @@ impl Run<'_> {
             let Some(seq) = oldest else { break };
             self.forget(seq, ctx);
         }
+        debug_assert!(needed <= self.free_cells, "admitted past the pool");
         self.free_cells = self.free_cells.saturating_sub(needed);
         let started = self.prompt_seqs(&seqs).len();
         if let Some(prefix) = &mut self.prefix {
@@ -205,7 +206,12 @@ impl Run<'_> {
                 Ok(true)
             );
         }
-        // Positions a token at `len` attends to in a sliding-window layer.
+        // Positions a token at `len` attends to in a sliding-window layer
+        // (one more than it needs). llama.cpp lets a windowed cell go once it
+        // is outside the window of the one sequence holding it, in the order
+        // it scans cells, which is position order for cells a sequence
+        // filled in turn: so the first position left is the check, as
+        // llama-server makes it.
         let needed = self
             .engine
             .window

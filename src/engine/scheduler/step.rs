@@ -121,7 +121,8 @@ impl Run<'_> {
         let mut taken = 0;
         loop {
             let Some(next) = self.advance(c, ctx, idx + taken as i32, sink)? else {
-                // Finished or cancelled: its sequence is freed whole.
+                // Finished or cancelled: its sequence is released (its
+                // decoded cells kept for the prefix cache, the draft's not).
                 return Ok(());
             };
             c = next;
