@@ -205,8 +205,19 @@ fn server_requests_reuse_prefixes_across_slots() {
         same_answer(c, p);
     }
     let log = server.log.lock().unwrap().join("\n");
-    let reused: Vec<u32> = log
-        .lines()
+    let reused = logged_reuse(&server);
+    assert_eq!(reused.len(), 6, "{log}");
+    assert_eq!(reused[0], 0, "{log}");
+    assert!(
+        reused[1..].iter().all(|&r| r > 700),
+        "each later request reuses the prefix: {log}"
+    );
+}
+
+/// The reused counts of the server's request log lines, in order.
+fn logged_reuse(server: &Served) -> Vec<u32> {
+    let log = server.log.lock().unwrap().join("\n");
+    log.lines()
         .filter(|l| l.contains("POST"))
         .map(|l| {
             l.split("(reused ")
@@ -214,13 +225,42 @@ fn server_requests_reuse_prefixes_across_slots() {
                 .and_then(|r| r.split_whitespace().next())
                 .map_or(0, |n| n.parse().unwrap())
         })
+        .collect()
+}
+
+#[test]
+fn server_slots_let_the_least_recently_used_prefix_go_first() {
+    // Three slots, two prefixes taking turns: each request takes the lowest
+    // free slot, and what that slot kept moves to one that kept nothing
+    // (without the move, each request would evict the other prefix).
+    let colours: String = ["red", "green", "blue", "yellow", "purple", "orange"]
+        .iter()
+        .cycle()
+        .take(60)
+        .map(|c| format!("Colour: {c}\n"))
         .collect();
-    assert_eq!(reused.len(), 6, "{log}");
-    assert_eq!(reused[0], 0, "{log}");
-    assert!(
-        reused[1..].iter().all(|&r| r > 700),
-        "each later request reuses the prefix: {log}"
-    );
+    let animals = shots();
+    let bodies = [
+        line(&format!("{animals}Animal: horse\nSound:"), json!({})),
+        line(&format!("{colours}Colour:"), json!({})),
+        line(&format!("{animals}Animal: owl\nSound:"), json!({})),
+        line(&format!("{colours}Colour: red\nColour:"), json!({})),
+    ];
+    let answers = |extra: &[&str]| {
+        let server = Served::start(&[&["--parallel", "3"], extra].concat(), &[]);
+        let out: Vec<Value> = bodies
+            .iter()
+            .map(|b| serde_json::from_str(&server.post(b).1).unwrap())
+            .collect();
+        (out, logged_reuse(&server))
+    };
+    let (plain, _) = answers(&["--no-prefix-cache"]);
+    let (cached, reused) = answers(&[]);
+    for (c, p) in cached.iter().zip(&plain) {
+        same_answer(c, p);
+    }
+    assert_eq!(reused[..2], [0, 0], "{reused:?}");
+    assert!(reused[2] > 700 && reused[3] > 200, "{reused:?}");
 }
 
 #[test]

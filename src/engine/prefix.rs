@@ -147,6 +147,34 @@ impl PrefixIndex {
         h.running = false;
     }
 
+    /// Whether `seq`'s cells are worth keeping elsewhere when its slot is
+    /// taken: at least `min` tokens, and no other sequence holds most of
+    /// them (three quarters) already.
+    pub fn worth_moving(&self, seq: i32, min: usize) -> bool {
+        let tokens = &self.held[seq as usize].tokens;
+        let elsewhere = self
+            .held
+            .iter()
+            .enumerate()
+            .filter(|&(other, _)| other != seq as usize)
+            .map(|(_, h)| common_prefix(&h.tokens, tokens))
+            .max()
+            .unwrap_or(0);
+        tokens.len() >= min && elsewhere < tokens.len() * 3 / 4
+    }
+
+    /// Whether `a` ran or served more recently than `b`.
+    pub fn newer(&self, a: i32, b: i32) -> bool {
+        self.held[a as usize].used > self.held[b as usize].used
+    }
+
+    /// `from`'s cells were copied to `to`, which now keeps them.
+    pub fn moved(&mut self, from: i32, to: i32) {
+        let mut held = self.held[from as usize].clone();
+        held.running = false;
+        self.held[to as usize] = held;
+    }
+
     /// Tokens `seq` holds (what it costs in cells).
     pub fn len(&self, seq: i32) -> usize {
         self.held[seq as usize].tokens.len()
@@ -237,5 +265,20 @@ mod tests {
         assert_eq!(index.spare(std::iter::empty()), None);
         assert_eq!(index.oldest([0, 1, 2, 3].into_iter()), Some(0));
         assert_eq!(index.oldest([3].into_iter()), None);
+    }
+
+    #[test]
+    fn cells_are_worth_moving_when_long_enough_and_held_nowhere_else() {
+        let mut index = PrefixIndex::new(3);
+        index.start(0, &[1, 2, 3, 4, 5, 6, 7, 8], 8);
+        assert!(index.worth_moving(0, 4));
+        assert!(!index.worth_moving(0, 9));
+        // Another holds six of its eight tokens.
+        index.start(1, &[1, 2, 3, 4, 5, 6, 9], 7);
+        assert!(!index.worth_moving(0, 4));
+        index.moved(0, 2);
+        assert_eq!(index.len(2), 8);
+        assert_eq!(index.best(&[1, 2, 3, 4, 5, 6, 7, 8, 0], 8).unwrap().len, 8);
+        assert!(!index.newer(2, 0) && !index.newer(0, 2));
     }
 }

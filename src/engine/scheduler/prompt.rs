@@ -141,6 +141,7 @@ impl Run<'_> {
                     }
                 }
             } else {
+                self.keep_elsewhere(seq, source.map(|s| s.seq), ctx)?;
                 self.forget(seq, ctx);
             }
             seqs.push(seq);
@@ -168,6 +169,40 @@ impl Run<'_> {
             }
         }
         Ok((seqs, reused))
+    }
+
+    /// With a stream per slot a job takes the lowest free slot, whatever it
+    /// kept; those cells move to the free slot that kept the least recently
+    /// used ones (or none), if they are worth it and more recent (least
+    /// recently used first out, at the cost of a stream copy). Never over
+    /// `source`, which the job copies from next.
+    fn keep_elsewhere(
+        &mut self,
+        seq: i32,
+        source: Option<i32>,
+        ctx: &mut LlamaContext,
+    ) -> Result<()> {
+        let Some(prefix) = &mut self.prefix else {
+            return Ok(());
+        };
+        if self.layout != Layout::PerSlot || !prefix.worth_moving(seq, MIN_REUSE) {
+            return Ok(());
+        }
+        let others = self
+            .free_seqs
+            .iter()
+            .copied()
+            .filter(|&s| Some(s) != source);
+        let Some(to) = prefix.spare(others) else {
+            return Ok(());
+        };
+        if prefix.len(to) > 0 && prefix.newer(to, seq) {
+            return Ok(());
+        }
+        ctx.copy_kv_cache_seq(seq, to, None, None)
+            .map_err(|e| CmplError::internal(format!("KV copy: {e}")))?;
+        prefix.moved(seq, to);
+        Ok(())
     }
 
     /// Starts `seqs` from `source`'s first tokens: the source itself cut
