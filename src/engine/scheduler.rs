@@ -276,13 +276,21 @@ impl Run<'_> {
 
     /// A free sequence's kept cells leave the cache.
     fn forget(&mut self, seq: i32, ctx: &mut LlamaContext) {
-        if let Some(prefix) = &mut self.prefix {
-            if self.layout == Layout::Shared {
-                self.free_cells += prefix.len(seq) as u32;
-            }
-            prefix.drop_seq(seq);
-        }
+        self.uncharge(seq);
+        let Some(prefix) = &mut self.prefix else {
+            // Nothing is kept: `release` cleared it.
+            return;
+        };
+        prefix.drop_seq(seq);
         let _ = ctx.clear_kv_cache_seq(Some(seq as u32), None, None);
+    }
+
+    /// A free sequence's kept cells no longer count against the pool (they
+    /// leave it, or a job that reuses them in place is charged for them).
+    fn uncharge(&mut self, seq: i32) {
+        if let (Some(prefix), Layout::Shared) = (&self.prefix, self.layout) {
+            self.free_cells += prefix.len(seq) as u32;
+        }
     }
 
     /// Pool cells that free sequences keep for the prefix cache.
@@ -301,10 +309,7 @@ impl Run<'_> {
     /// tried once more. (A stream per slot holds one sequence's cells only.)
     fn decode(&mut self, ctx: &mut LlamaContext, batch: &mut LlamaBatch) -> Result<()> {
         let mut outcome = ctx.decode(batch);
-        if matches!(outcome, Err(DecodeError::NoKvCacheSlot))
-            && self.layout == Layout::Shared
-            && self.kept_any()
-        {
+        if matches!(outcome, Err(DecodeError::NoKvCacheSlot)) && self.kept_cells() > 0 {
             let kept: Vec<i32> = self.free_seqs.iter().copied().collect();
             for seq in kept {
                 self.forget(seq, ctx);
@@ -316,11 +321,5 @@ impl Run<'_> {
             prefix.flushed();
         }
         Ok(())
-    }
-
-    fn kept_any(&self) -> bool {
-        self.prefix
-            .as_ref()
-            .is_some_and(|p| self.free_seqs.iter().any(|&s| p.len(s) > 0))
     }
 }

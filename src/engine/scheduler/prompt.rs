@@ -135,11 +135,7 @@ impl Run<'_> {
             self.free_seqs.remove(&seq);
             if Some(seq) == in_place {
                 // Its kept cells are now the job's, charged with the job.
-                if let Some(prefix) = &self.prefix {
-                    if self.layout == Layout::Shared {
-                        self.free_cells += prefix.len(seq) as u32;
-                    }
-                }
+                self.uncharge(seq);
             } else {
                 self.keep_elsewhere(seq, source.map(|s| s.seq), ctx)?;
                 self.forget(seq, ctx);
@@ -367,22 +363,19 @@ impl Run<'_> {
         let n = job.request.n;
         let echo = job.request.echo;
         let n_prompt = job.tokens.len();
+        let ids: Vec<i32> = job.tokens.iter().map(|t| t.0).collect();
         if self.layout == Layout::PerSlot {
             // llama.cpp copies the stream's data at the next decode.
             for &seq in &seqs[1..] {
                 ctx.copy_kv_cache_seq(seqs[0], seq, None, None)
                     .map_err(|e| CmplError::internal(format!("KV copy: {e}")))?;
                 if let Some(prefix) = &mut self.prefix {
-                    let prompt: Vec<i32> = job.tokens.iter().map(|t| t.0).collect();
-                    prefix.start(seq, &prompt, prompt.len());
+                    prefix.start(seq, &ids, ids.len());
                 }
             }
         }
         let lookup = self.engine.lookup as usize;
-        let drafter = (lookup > 0).then(|| {
-            let prompt: Vec<i32> = job.tokens.iter().map(|t| t.0).collect();
-            Drafter::new(&prompt, lookup)
-        });
+        let drafter = (lookup > 0).then(|| Drafter::new(&ids, lookup));
         let mut choices = Vec::with_capacity(n as usize);
         for (i, &seq) in seqs.iter().enumerate() {
             let mut sampler = sampler::SamplerChain::new(&job.request.sampling, job.seeds[i]);
