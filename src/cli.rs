@@ -202,6 +202,14 @@ pub struct Cli {
     #[arg(long, help_heading = "Runtime")]
     pub no_prefix_cache: bool,
 
+    /// Deterministic mode: a seeded request gives the same bytes (text,
+    /// logprobs, finish reasons) alone, in any --batch mix, at any --parallel,
+    /// or on a loaded server, on the same build, CPU and --threads. Each
+    /// sequence is decoded on its own, no prompt is reused: batches run at
+    /// about --parallel 1 speed.
+    #[arg(long, help_heading = "Runtime")]
+    pub deterministic: bool,
+
     /// Keep the weights as stored instead of repacking some into CPU-friendly
     /// layouts at load (as llama.cpp's --no-repack): less memory and a faster
     /// load, slower prompts and batches.
@@ -326,6 +334,7 @@ pub const CONFIG_RUNTIME_KEYS: &[&str] = &[
     "ctx_size",
     "parallel",
     "lookup",
+    "deterministic",
     "base_url",
     "connect_timeout",
     "read_timeout",
@@ -382,6 +391,7 @@ impl Cli {
                 ("--no-repack", self.no_repack),
                 ("--lookup", self.lookup.is_some()),
                 ("--no-prefix-cache", self.no_prefix_cache),
+                ("--deterministic", self.deterministic),
             ];
             if let Some((flag, _)) = local_only.iter().find(|(_, given)| *given) {
                 return Err(CmplError::invalid(
@@ -420,6 +430,7 @@ impl Cli {
                 repack: !self.no_repack,
                 lookup: self.lookup.or(from_config.lookup),
                 prefix_cache: !self.no_prefix_cache,
+                deterministic: self.deterministic || from_config.deterministic,
                 verbose: self.verbose,
                 remote,
             },
@@ -502,6 +513,13 @@ fn runtime_from_config(config: &Config) -> Result<Cli> {
     let mut args = vec!["cmpl".to_string()];
     for (key, value) in &config.runtime {
         let must = match (value, key.as_str()) {
+            (Value::Bool(on), "deterministic") => {
+                if *on {
+                    args.push("--deterministic".to_string());
+                }
+                continue;
+            }
+            (_, "deterministic") => Err("true or false"),
             (Value::Number(n), _) => Ok(n.to_string()),
             (Value::String(s), "base_url") => Ok(s.clone()),
             (_, "base_url") => Err("a URL string"),

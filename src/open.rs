@@ -51,6 +51,7 @@ fn load(model: ModelRef, runtime: &Runtime) -> Result<&'static Engine> {
         verbose: runtime.verbose,
         lookup: runtime.lookup.unwrap_or(crate::engine::DEFAULT_LOOKUP),
         prefix_cache: runtime.prefix_cache,
+        deterministic: runtime.deterministic,
     };
     let bar = (std::io::stderr().is_terminal() && !runtime.verbose).then(|| {
         let bar = indicatif::ProgressBar::with_draw_target(

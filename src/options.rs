@@ -43,6 +43,8 @@ pub struct Runtime {
     pub lookup: Option<u32>,
     /// Not `--no-prefix-cache`.
     pub prefix_cache: bool,
+    /// `--deterministic` (or the config's `deterministic`).
+    pub deterministic: bool,
     pub verbose: bool,
     /// A server to send requests to instead of loading a model.
     pub remote: Option<crate::remote::Endpoint>,

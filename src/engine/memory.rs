@@ -16,6 +16,8 @@ pub(super) struct KvShape {
     /// Several sequences may hold one cell (a job's choices share its
     /// prompt's; the prefix cache shares prefixes).
     pub shared: bool,
+    /// Deterministic mode: a stream per sequence, decoded alone.
+    pub exact: bool,
 }
 
 impl KvShape {
@@ -24,9 +26,12 @@ impl KvShape {
     /// pool they must: llama.cpp lets a windowed cell go only when one
     /// sequence holds it, so a long shared prompt would fill a window-sized
     /// cache (`-n 2` on a 2,000-token prompt did). Otherwise the window only,
-    /// as llama-server does: a fraction of the memory.
+    /// as llama-server does: a fraction of the memory. In deterministic
+    /// mode too: a window-only stream reuses its cells in a ring, so where a
+    /// sequence's cells lie (and the order attention sums them in) would
+    /// depend on what the slot held before.
     pub(super) fn whole_window(self) -> bool {
-        self.layout == Layout::Shared && self.seqs > 1 && self.shared
+        (self.layout == Layout::Shared && self.seqs > 1 && self.shared) || self.exact
     }
 }
 
@@ -227,6 +232,7 @@ mod tests {
             seqs: 1,
             layout: Layout::Shared,
             shared: true,
+            exact: false,
         }
     }
 
@@ -275,11 +281,18 @@ mod tests {
             seqs: 4,
             layout: Layout::PerSlot,
             shared: false,
+            exact: false,
         };
         assert_eq!(
             kv_bytes(&gemma, slots),
             Some((3 * 16384 + 15 * 4 * 1024) * per_cell)
         );
+        // Deterministic mode: every stream whole.
+        let exact = KvShape {
+            exact: true,
+            ..slots
+        };
+        assert_eq!(kv_bytes(&gemma, exact), Some(18 * 16384 * per_cell));
         // One pool for 4 sequences: windowed layers keep every cell.
         let shared = KvShape {
             layout: Layout::Shared,

@@ -48,6 +48,10 @@ pub struct LoadOptions {
     /// Reuse the KV cells of prompts already evaluated (batch lines, server
     /// requests) for the prompts that begin the same way.
     pub prefix_cache: bool,
+    /// Deterministic mode: each sequence in a KV stream of its own, decoded
+    /// in calls of its own, so its numbers are those of the same request
+    /// alone whatever else runs.
+    pub deterministic: bool,
 }
 
 pub struct Engine {
@@ -62,6 +66,8 @@ pub struct Engine {
     /// See [`LoadOptions::prefix_cache`]; off for recurrent models, whose
     /// state cannot be cut back to a prefix.
     prefix_cache: bool,
+    /// See [`LoadOptions::deterministic`].
+    deterministic: bool,
     /// The sliding window of the model's windowed layers, if it has any.
     window: Option<u32>,
     /// Free memory of the GPU devices after loading; `None` without one.
@@ -110,8 +116,30 @@ impl Backend for Engine {
         interrupted: &AtomicBool,
         sink: &mut Sink,
     ) -> Result<()> {
+        // Deterministic mode lays the cells out as the server does, a stream
+        // per sequence (--ctx-size split among them), each stream whole.
+        let exact = self.deterministic;
+        let (layout, shared) = if exact {
+            (Layout::PerSlot, false)
+        } else {
+            let widest = requests.iter().map(|r| r.n).max().unwrap_or(1);
+            (Layout::Shared, self.prefix_cache || widest > 1)
+        };
+        // A job's choices always run together, even past --parallel; and no
+        // more slots than there are choices in all.
+        let slots_for = |parallel: u32, requests: &mut dyn Iterator<Item = u32>| {
+            let (widest, choices) = requests.fold((1, 0u32), |(w, c), n| (w.max(n), c + n));
+            parallel.min(choices).max(widest)
+        };
+        let cells = match opts.ctx_size {
+            None => Cells::Any,
+            Some(c) if exact => {
+                let parallel = opts.parallel.unwrap_or(DEFAULT_PARALLEL);
+                Cells::Slot(c / slots_for(parallel, &mut requests.iter().map(|r| r.n)))
+            }
+            Some(c) => Cells::Pool(c),
+        };
         let mut jobs = Vec::with_capacity(requests.len());
-        let cells = opts.ctx_size.map_or(Cells::Any, Cells::Pool);
         for (index, request) in requests.into_iter().enumerate() {
             match self.prepare(request, cells, opts.token_logprobs) {
                 Ok(job) => jobs.push((index, job)),
@@ -121,32 +149,36 @@ impl Backend for Engine {
         if jobs.is_empty() {
             return Ok(());
         }
-        // A job's choices always run together, even past --parallel; and no
-        // more slots than there are choices in all.
-        let widest = jobs.iter().map(|(_, j)| j.request.n).max().unwrap_or(1);
-        let choices: u32 = jobs.iter().map(|(_, j)| j.request.n).sum();
-        let shared = self.prefix_cache || widest > 1;
+        let size = |p: u32| {
+            if exact {
+                per_choice(&jobs).saturating_mul(p)
+            } else {
+                context_cells(&jobs, p)
+            }
+        };
         let parallel = opts.parallel.unwrap_or_else(|| {
             let mut p = DEFAULT_PARALLEL;
             while p > 1
                 && !self.fits_comfortably(KvShape {
-                    cells: context_cells(&jobs, p),
+                    cells: size(p),
                     seqs: p,
-                    layout: Layout::Shared,
+                    layout,
                     shared,
+                    exact,
                 })
             {
                 p /= 2;
             }
             p
         });
-        let slots = parallel.min(choices).max(widest);
-        let cells = opts.ctx_size.unwrap_or_else(|| context_cells(&jobs, slots));
+        let slots = slots_for(parallel, &mut jobs.iter().map(|(_, j)| j.request.n));
+        let cells = opts.ctx_size.unwrap_or_else(|| size(slots));
         let shape = KvShape {
             cells,
             seqs: slots,
-            layout: Layout::Shared,
+            layout,
             shared,
+            exact,
         };
         self.check_memory(shape)?;
         self.decode_all(jobs, &mut |_, _| Ok(Fed::Closed), shape, interrupted, sink)
@@ -190,6 +222,7 @@ impl Engine {
             seqs: parallel,
             layout: Layout::PerSlot,
             shared: false,
+            exact: self.deterministic,
         };
         self.check_memory(shape)?;
         let mut index = 0;
@@ -210,14 +243,18 @@ impl Engine {
     }
 }
 
+/// The KV cells of the largest choice: its prompt and its tokens.
+fn per_choice(jobs: &[(usize, Job)]) -> u32 {
+    jobs.iter()
+        .map(|(_, j)| j.tokens.len() as u32 + j.budget)
+        .max()
+        .unwrap_or(1)
+}
+
 /// The KV cells for a run: room for `slots` choices of the largest size at
 /// once, and at least the largest job whole.
 fn context_cells(jobs: &[(usize, Job)], slots: u32) -> u32 {
-    let per_choice = jobs
-        .iter()
-        .map(|(_, j)| j.tokens.len() as u32 + j.budget)
-        .max()
-        .unwrap_or(1);
+    let per_choice = per_choice(jobs);
     let largest = jobs.iter().map(|(_, j)| j.cells()).max().unwrap_or(1);
     let all: u64 = jobs.iter().map(|(_, j)| u64::from(j.cells())).sum();
     let want = u64::from(largest.max(per_choice.saturating_mul(slots)));
@@ -269,6 +306,7 @@ impl Engine {
             threads,
             lookup: opts.lookup,
             prefix_cache,
+            deterministic: opts.deterministic,
             window,
             gpu_free,
             gpu_layers: opts.n_gpu_layers,

@@ -117,9 +117,11 @@ impl Engine {
             free_cells: cells,
             states: HashMap::new(),
             running: Vec::new(),
-            prefix: self
-                .prefix_cache
+            // A reused prefix was computed in another sequence's calls, in
+            // other chunks: deterministic mode evaluates every prompt whole.
+            prefix: (self.prefix_cache && !shape.exact)
                 .then(|| PrefixIndex::new(parallel as usize)),
+            exact: shape.exact,
         };
         let mut pending: VecDeque<(usize, Job)> = jobs.into();
         let mut open = true;
@@ -183,7 +185,7 @@ impl Engine {
                         )
                     } else {
                         format!(
-                            "the request needs {} slots and the server has {parallel}: lower n, or raise --parallel",
+                            "the request needs {} slots and there are {parallel}: lower n, or raise --parallel",
                             job.request.n
                         )
                     });
@@ -231,6 +233,12 @@ struct Run<'e> {
     /// sequence keeps its cells (in the pool, they count against
     /// `free_cells`) until its slot or its cells are needed.
     prefix: Option<PrefixIndex>,
+    /// Deterministic mode: every decode call holds one sequence's tokens
+    /// only (a prompt in chunks from its first token, or a choice's next
+    /// token and its draft), so each sequence is computed exactly as it
+    /// would be alone: llama.cpp picks kernels, tiles and reduction orders
+    /// by the shape of the whole batch.
+    exact: bool,
 }
 
 impl Run<'_> {

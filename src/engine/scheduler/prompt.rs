@@ -2,7 +2,7 @@
 //! decode calls), then its choices started.
 
 use super::step::fill_logprobs;
-use super::{cancelled, ChoiceState, JobState, Layout, Run, PROMPT_CHUNK_ALL_LOGITS};
+use super::{cancelled, ChoiceState, JobState, Layout, Run, PROMPT_CHUNK, PROMPT_CHUNK_ALL_LOGITS};
 use crate::backend::{Event, Sink, TokenInfo};
 use crate::engine::lookup::Drafter;
 use crate::engine::prefix::Source;
@@ -74,8 +74,17 @@ impl Run<'_> {
                 continue;
             }
             let n_prompt = prompted.job.tokens.len();
+            // Deterministic mode: the prompt alone, in chunks from its start.
+            let chunk = if self.exact {
+                if batch.n_tokens() > 0 {
+                    self.flush(&mut ready, ctx, batch, sink)?;
+                }
+                PROMPT_CHUNK
+            } else {
+                self.batch_size
+            };
             for (pos, &token) in prompted.job.tokens.iter().enumerate().skip(reused) {
-                if batch.n_tokens() as usize >= self.batch_size {
+                if batch.n_tokens() as usize >= chunk {
                     if interrupted.load(Ordering::Relaxed) {
                         return Err(CmplError::interrupted());
                     }

@@ -22,6 +22,41 @@ impl Run<'_> {
         batch: &mut LlamaBatch,
         sink: &mut Sink,
     ) -> Result<()> {
+        if !self.exact {
+            return self.step_together(ctx, batch, sink);
+        }
+        // Deterministic mode: one call per choice, its draft planned as if
+        // it ran alone.
+        let mut running = std::mem::take(&mut self.running);
+        running.sort_unstable_by_key(|c| c.seq);
+        let mut stepped = Vec::with_capacity(running.len());
+        for c in running {
+            if !self.states.contains_key(&c.job) {
+                // Its job was cancelled earlier in this step.
+                self.release(c.seq, ctx);
+                continue;
+            }
+            self.running.push(c);
+            self.step_together(ctx, batch, sink)?;
+            stepped.append(&mut self.running);
+        }
+        for c in stepped {
+            if self.states.contains_key(&c.job) {
+                self.running.push(c);
+            } else {
+                self.release(c.seq, ctx);
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Run::step`] for all running choices in one call.
+    fn step_together(
+        &mut self,
+        ctx: &mut LlamaContext,
+        batch: &mut LlamaBatch,
+        sink: &mut Sink,
+    ) -> Result<()> {
         batch.clear();
         self.running.sort_unstable_by_key(|c| c.seq);
         let drafts = self.drafts()?;
