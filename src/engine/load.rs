@@ -30,7 +30,9 @@ pub fn load<F: FnMut(f32) -> bool>(
     if let Some(n) = opts.n_gpu_layers {
         raw.n_gpu_layers = i32::try_from(n).unwrap_or(i32::MAX);
     }
-    raw.use_extra_bufts = opts.repack;
+    // Repacked weights take one kernel for each four columns of a product
+    // and another for the rest: not in deterministic mode.
+    raw.use_extra_bufts = opts.repack && !opts.deterministic;
     raw.progress_callback = Some(trampoline::<F>);
     raw.progress_callback_user_data = std::ptr::from_mut(&mut progress).cast();
     // SAFETY: `path` is NUL-terminated and `raw` holds no pointer that

@@ -130,6 +130,8 @@ fn kv_bytes(info: &GgufInfo, shape: KvShape) -> Option<u64> {
     } else {
         (n_ctx / streams).next_multiple_of(256)
     };
+    // Deterministic mode's ballast stream (`Run::step_call`).
+    let streams = streams + u64::from(shape.exact);
     let cells = streams * per_stream;
     let window_cells = sliding_window(info).map(|(window, is_swa)| {
         let ubatch = PROMPT_CHUNK.max(shape.seqs as usize) as u64;
@@ -287,12 +289,12 @@ mod tests {
             kv_bytes(&gemma, slots),
             Some((3 * 16384 + 15 * 4 * 1024) * per_cell)
         );
-        // Deterministic mode: every stream whole.
+        // Deterministic mode: every stream whole, and one more.
         let exact = KvShape {
             exact: true,
             ..slots
         };
-        assert_eq!(kv_bytes(&gemma, exact), Some(18 * 16384 * per_cell));
+        assert_eq!(kv_bytes(&gemma, exact), Some(18 * 5 * 4096 * per_cell));
         // One pool for 4 sequences: windowed layers keep every cell.
         let shared = KvShape {
             layout: Layout::Shared,

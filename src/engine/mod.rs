@@ -29,6 +29,10 @@ use std::sync::atomic::AtomicBool;
 /// llama.cpp's batched decoding on CPU gains little.
 const DEFAULT_PARALLEL: u32 = 32;
 
+/// Slots in deterministic mode: llama.cpp's most sequences, less the
+/// ballast's (see `scheduler::Run::step_call`).
+const MAX_EXACT_SLOTS: u32 = 255;
+
 /// Prompt lookup's longest draft when `--lookup` is not given.
 pub const DEFAULT_LOOKUP: u32 = 15;
 
@@ -171,7 +175,11 @@ impl Backend for Engine {
             }
             p
         });
-        let slots = slots_for(parallel, &mut jobs.iter().map(|(_, j)| j.request.n));
+        let mut slots = slots_for(parallel, &mut jobs.iter().map(|(_, j)| j.request.n));
+        if exact {
+            // llama.cpp's 256 streams, one of them the ballast.
+            slots = slots.min(MAX_EXACT_SLOTS);
+        }
         let cells = opts.ctx_size.unwrap_or_else(|| size(slots));
         let shape = KvShape {
             cells,
@@ -214,6 +222,12 @@ impl Engine {
         interrupted: &AtomicBool,
         sink: &mut Sink,
     ) -> Result<()> {
+        if self.deterministic && parallel > MAX_EXACT_SLOTS {
+            return Err(CmplError::invalid(
+                "parallel",
+                format!("--deterministic keeps one of llama.cpp's 256 sequences for itself: give --parallel {MAX_EXACT_SLOTS} or fewer"),
+            ));
+        }
         let cells = ctx_size.unwrap_or_else(|| {
             parallel.saturating_mul(SERVE_CELLS_PER_SLOT.min(self.n_ctx_train()))
         });
@@ -293,6 +307,13 @@ impl Engine {
             ))
         })?;
         let threads = opts.threads.map_or_else(physical_cores, |t| t as i32);
+        if opts.deterministic {
+            // See `Run::step_call`: a product of K-quant weights takes
+            // llama.cpp's tiled kernel from 8 columns, the row-by-row one
+            // below; off, every column is computed alike. (Read once, at the
+            // first product; repacked weights are off too, see `load`.)
+            std::env::set_var("GGML_CPU_TILED_MM", "0");
+        }
         let gpu_free = memory::gpu_free_memory();
         let prefix_cache = opts.prefix_cache && !model.is_recurrent() && !model.is_hybrid();
         let window = info

@@ -95,11 +95,17 @@ impl Engine {
         // llama.cpp clamps the batch to the context, and needs a batch at
         // least as wide as the sequences it decodes together.
         let cells = cells.max(parallel);
+        // Deterministic mode's ballast stream (see `Run::step_call`).
+        let (streams, cells) = if shape.exact {
+            (parallel + 1, cells / parallel * (parallel + 1))
+        } else {
+            (parallel, cells)
+        };
         let params = LlamaContextParams::default()
             .with_n_ctx(NonZeroU32::new(cells))
             .with_n_batch(batch_size as u32)
             .with_n_ubatch(batch_size as u32)
-            .with_n_seq_max(parallel)
+            .with_n_seq_max(streams)
             .with_kv_unified(layout == Layout::Shared)
             .with_swa_full(shape.whole_window())
             .with_n_threads(self.threads)

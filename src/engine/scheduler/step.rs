@@ -25,19 +25,27 @@ impl Run<'_> {
         if !self.exact {
             return self.step_together(ctx, batch, sink);
         }
-        // Deterministic mode: one call per choice, its draft planned as if
-        // it ran alone.
-        let mut running = std::mem::take(&mut self.running);
-        running.sort_unstable_by_key(|c| c.seq);
-        let mut stepped = Vec::with_capacity(running.len());
-        for c in running {
-            if !self.states.contains_key(&c.job) {
-                // Its job was cancelled earlier in this step.
-                self.release(c.seq, ctx);
-                continue;
-            }
+        // Deterministic mode: each choice's draft planned as if it ran
+        // alone; the choices with as many tokens to decode go in one call
+        // (llama.cpp then gives each its own stream's pass whole).
+        let mut planned = Vec::with_capacity(self.running.len());
+        for c in std::mem::take(&mut self.running) {
             self.running.push(c);
-            self.step_together(ctx, batch, sink)?;
+            let draft = self.drafts()?.pop().unwrap_or_default();
+            planned.extend(self.running.pop().map(|c| (c, draft)));
+        }
+        planned.sort_unstable_by_key(|(c, draft)| (draft.len(), c.seq));
+        let mut planned = planned.into_iter().peekable();
+        let mut stepped = Vec::new();
+        while let Some(first) = planned.next() {
+            let tokens = 1 + first.1.len();
+            // Room in the batch for a ballast stream beside each choice.
+            let most = (self.batch_size / tokens / 2).max(1);
+            let mut call = vec![first];
+            while call.len() < most && planned.peek().is_some_and(|(_, d)| 1 + d.len() == tokens) {
+                call.extend(planned.next());
+            }
+            self.step_call(call, ctx, batch, sink)?;
             stepped.append(&mut self.running);
         }
         for c in stepped {
@@ -46,6 +54,68 @@ impl Run<'_> {
             } else {
                 self.release(c.seq, ctx);
             }
+        }
+        Ok(())
+    }
+
+    /// Deterministic mode's decode call: choices (in sequence order) with
+    /// as many tokens each, their numbers the same whatever else is in the
+    /// call. llama.cpp passes each run of consecutive sequence ids through
+    /// the model together, and picks its kernels by the pass's shape: one
+    /// column takes other matrix-product kernels than several, one stream
+    /// another attention reduction than several. So no pass holds one
+    /// stream: a choice whose neighbours are not in the call gets a ballast
+    /// beside it, the same tokens in the next sequence's stream (the spare
+    /// one past the slots, or a slot whose cells end before them), removed
+    /// after the call. With kernels whose every column is computed alike
+    /// (see `Engine::load`), a choice's numbers are then its own.
+    fn step_call(
+        &mut self,
+        call: Vec<(ChoiceState, Vec<LlamaToken>)>,
+        ctx: &mut LlamaContext,
+        batch: &mut LlamaBatch,
+        sink: &mut Sink,
+    ) -> Result<()> {
+        batch.clear();
+        let mut ballast = Vec::new();
+        let mut firsts = Vec::with_capacity(call.len());
+        let add = |batch: &mut LlamaBatch, token: LlamaToken, pos: i32, seq: i32| {
+            batch
+                .add(token, pos, &[seq], true)
+                .map_err(|e| CmplError::internal(format!("batch: {e}")))
+        };
+        for (i, (c, draft)) in call.iter().enumerate() {
+            firsts.push(batch.n_tokens());
+            if let Some(state) = self.states.get_mut(&c.job) {
+                state.drafts.drafted += draft.len() as u32;
+            }
+            add(batch, c.next, c.pos, c.seq)?;
+            for (j, &token) in draft.iter().enumerate() {
+                add(batch, token, c.pos + 1 + j as i32, c.seq)?;
+            }
+            let before = i > 0 && call[i - 1].0.seq + 1 == c.seq;
+            let after = call.get(i + 1).is_some_and(|(n, _)| n.seq == c.seq + 1);
+            if !before && !after {
+                let seq = c.seq + 1;
+                let pos = ctx.kv_cache_seq_pos_max(seq) + 1;
+                for j in 0..=draft.len() as i32 {
+                    add(batch, c.next, pos + j, seq)?;
+                }
+                ballast.push((seq, pos));
+            }
+        }
+        self.decode(ctx, batch)?;
+        for (seq, pos) in ballast {
+            ctx.clear_kv_cache_seq(Some(seq as u32), Some(pos as u32), None)
+                .map_err(|e| CmplError::internal(format!("KV removal: {e}")))?;
+        }
+        for ((mut c, draft), idx) in call.into_iter().zip(firsts) {
+            if !self.states.contains_key(&c.job) {
+                self.release(c.seq, ctx);
+                continue;
+            }
+            c.pos += 1;
+            self.verify(c, &draft, idx, ctx, sink)?;
         }
         Ok(())
     }
@@ -125,8 +195,15 @@ impl Run<'_> {
                 None => return Ok(none()),
             }
         }
-        // The batch holds one token per choice and the drafts.
-        let k = lookup::plan(&offers, self.batch_size.saturating_sub(seqs));
+        // The batch holds one token per choice and the drafts. Deterministic
+        // mode keeps each stream's pass under 64 tokens, where llama.cpp's
+        // attention would switch to tiles spanning several streams' rows.
+        let room = if self.exact {
+            62
+        } else {
+            self.batch_size.saturating_sub(seqs)
+        };
+        let k = lookup::plan(&offers, room);
         let drafts: Vec<Vec<LlamaToken>> = offers
             .iter()
             .map(|o| o.tokens[..k].iter().map(|&t| LlamaToken(t)).collect())
