@@ -120,7 +120,7 @@ pub fn run(inv: &Invocation, config: &Config, file: Option<&Path>) -> Result<boo
     progress.finish();
     if inv.runtime.verbose && inv.runtime.remote.is_none() {
         eprintln!("cmpl: {drafts} (all lines)");
-        if inv.runtime.prefix_cache && !inv.runtime.deterministic {
+        if inv.runtime.prefix_cache {
             eprintln!(
                 "cmpl: prefix cache: {reused} of {prompt_tokens} prompt tokens reused (all lines)"
             );

@@ -27,9 +27,11 @@ const TOPICS: [&str; 14] = [
 
 /// 16 prompts: 14 short notes, and two past the test model's 512-token
 /// sliding window (a few-shot list, and a text to copy, where prompt lookup
-/// drafts); each greedy and sampled (seeded, one with two choices).
+/// drafts); each greedy and sampled (seeded, one with two choices). The
+/// long ones' first 512 tokens are a whole prompt chunk that their second
+/// line (and the server's later requests) reuse.
 fn requests() -> Vec<String> {
-    let shots: String = (0..20)
+    let shots: String = (0..30)
         .flat_map(|_| [("cat", "meow"), ("dog", "woof"), ("cow", "moo")])
         .map(|(a, s)| format!("Animal: {a}\nSound: {s}\n\n"))
         .collect();
@@ -110,7 +112,21 @@ fn seeded_answers_are_the_same_bytes_alone_in_any_batch_and_on_a_loaded_server()
         "drafts taken: {}",
         copy.stderr
     );
-    same("one batch", &batch(&lines, &["--deterministic"]), &alone);
+    let out = cmpl(&["--batch", "--deterministic", "--verbose"])
+        .stdin(lines.join("\n"))
+        .run();
+    let together: Vec<Value> = out
+        .ok()
+        .lines()
+        .map(|l| answer(&serde_json::from_str(l).unwrap()))
+        .collect();
+    same("one batch", &together, &alone);
+    // Each long prompt's second line reused its first chunk.
+    assert!(
+        out.stderr.contains("prefix cache: 1024 of "),
+        "{}",
+        out.stderr
+    );
     for parallel in ["1", "4", "16"] {
         same(
             &format!("--parallel {parallel}"),
@@ -134,6 +150,11 @@ fn seeded_answers_are_the_same_bytes_alone_in_any_batch_and_on_a_loaded_server()
     for i in [0, 7, 28, 31] {
         assert_eq!(post(&lines[i]), alone[i], "server, line {i} again");
     }
+    let log = server.log.lock().unwrap().join("\n");
+    assert!(
+        log.contains("(reused 512 prompt tokens)"),
+        "a long prompt's first chunk is reused: {log}"
+    );
 
     // Without the mode, the same batch parts from --parallel 1 (which
     // decodes each line as it would run alone).

@@ -17,6 +17,8 @@ struct Held {
     /// When it last started, stopped or served a prompt: the least recent
     /// goes first.
     used: u64,
+    /// How many of its first tokens may be reused (see [`PrefixIndex::whole`]).
+    reusable: usize,
 }
 
 /// Where a prompt can start: `seq`'s cells hold its first `len` tokens.
@@ -29,13 +31,25 @@ pub struct Source {
 pub struct PrefixIndex {
     held: Vec<Held>,
     clock: u64,
+    /// Prefixes are reused in multiples of this many tokens.
+    align: usize,
 }
 
 impl PrefixIndex {
+    #[cfg(test)]
     pub fn new(seqs: usize) -> Self {
+        Self::aligned(seqs, 1)
+    }
+
+    /// An index whose prefixes are whole multiples of `align` tokens, each
+    /// within what [`PrefixIndex::whole`] allows: deterministic mode reuses
+    /// only cells computed in the very prompt chunks a prompt alone would
+    /// be computed in.
+    pub fn aligned(seqs: usize, align: usize) -> Self {
         PrefixIndex {
             held: vec![Held::default(); seqs],
             clock: 0,
+            align: align.max(1),
         }
     }
 
@@ -56,7 +70,8 @@ impl PrefixIndex {
             .iter()
             .enumerate()
             .map(|(seq, h)| {
-                let len = common_prefix(&h.tokens, prompt).min(max);
+                let len = common_prefix(&h.tokens, prompt).min(max).min(h.reusable) / self.align
+                    * self.align;
                 (len, !h.running, h.used, seq)
             })
             .filter(|&(len, ..)| len > 0)
@@ -111,6 +126,12 @@ impl PrefixIndex {
         h.queued = kept;
         h.running = true;
         h.used = now;
+        h.reusable = usize::MAX;
+    }
+
+    /// Only the first `len` of `seq`'s cells may be reused.
+    pub fn whole(&mut self, seq: i32, len: usize) {
+        self.get(seq).reusable = len;
     }
 
     /// `source` served a prompt: it counts as used now.
@@ -280,5 +301,26 @@ mod tests {
         assert_eq!(index.len(2), 8);
         assert_eq!(index.best(&[1, 2, 3, 4, 5, 6, 7, 8, 0], 8).unwrap().len, 8);
         assert!(!index.newer(2, 0) && !index.newer(0, 2));
+    }
+
+    #[test]
+    fn an_aligned_index_reuses_whole_chunks_within_what_was_computed_whole() {
+        let mut index = PrefixIndex::aligned(2, 4);
+        let prompt: Vec<i32> = (0..11).collect();
+        index.start(0, &prompt, 11);
+        index.whole(0, 8);
+        for token in [20, 21, 22] {
+            index.push(0, token);
+        }
+        // 11 shared, 8 computed whole: 8.
+        let longer: Vec<i32> = (0..11).chain([20, 21, 22, 23]).collect();
+        assert_eq!(index.best(&longer, 14), Some(Source { seq: 0, len: 8 }));
+        // 6 shared: one chunk of 4.
+        assert_eq!(
+            index.best(&[0, 1, 2, 3, 4, 5, 9], 6),
+            Some(Source { seq: 0, len: 4 })
+        );
+        // Under a chunk: nothing.
+        assert_eq!(index.best(&[0, 1, 2, 9], 3), None);
     }
 }

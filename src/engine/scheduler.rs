@@ -123,10 +123,14 @@ impl Engine {
             free_cells: cells,
             states: HashMap::new(),
             running: Vec::new(),
-            // A reused prefix was computed in another sequence's calls, in
-            // other chunks: deterministic mode evaluates every prompt whole.
-            prefix: (self.prefix_cache && !shape.exact)
-                .then(|| PrefixIndex::new(parallel as usize)),
+            // Deterministic mode reuses whole prompt chunks only (see
+            // `Run::whole`).
+            prefix: self.prefix_cache.then(|| {
+                PrefixIndex::aligned(
+                    parallel as usize,
+                    if shape.exact { PROMPT_CHUNK } else { 1 },
+                )
+            }),
             exact: shape.exact,
         };
         let mut pending: VecDeque<(usize, Job)> = jobs.into();

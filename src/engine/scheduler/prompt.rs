@@ -31,6 +31,12 @@ struct Prompted {
 /// they would alone.
 const MIN_REUSE: usize = 32;
 
+/// With echo, every prompt token is reported; with logprobs too, each is
+/// scored by the logits of the position before it (so evaluated).
+fn scored(job: &Job) -> bool {
+    job.request.echo && (job.request.logprobs.is_some() || job.token_logprob)
+}
+
 impl Run<'_> {
     /// Evaluates the jobs' prompts, as many tokens per decode call as the
     /// batch takes (a job's prompt once for all its choices: each token is
@@ -49,9 +55,7 @@ impl Run<'_> {
         batch.clear();
         for (index, job) in jobs {
             let echo = job.request.echo;
-            // With echo, every prompt token is reported; with logprobs too, each
-            // is scored by the logits of the position before it (so evaluated).
-            let scored = echo && (job.request.logprobs.is_some() || job.token_logprob);
+            let scored = scored(&job);
             let (seqs, reused) = self.place(&job, !scored, &mut ready, ctx, batch, sink)?;
             let prompt_infos: Vec<TokenInfo> = if echo {
                 job.tokens.iter().map(|&t| self.token_info(t)).collect()
@@ -168,9 +172,11 @@ impl Run<'_> {
         debug_assert!(needed <= self.free_cells, "admitted past the pool");
         self.free_cells = self.free_cells.saturating_sub(needed);
         let started = self.prompt_seqs(&seqs).len();
+        let whole = self.whole(job);
         if let Some(prefix) = &mut self.prefix {
             for &seq in &seqs[..started] {
                 prefix.start(seq, &prompt, reused);
+                prefix.whole(seq, whole);
             }
         }
         Ok((seqs, reused))
@@ -270,6 +276,18 @@ impl Run<'_> {
             prefix.touch(from);
         }
         Ok(len)
+    }
+
+    /// How many of the job's first cells another prompt may reuse: all,
+    /// but in deterministic mode only those computed in whole prompt chunks
+    /// (the chunks the other prompt alone would be computed in; a scored
+    /// prompt's chunks are smaller).
+    fn whole(&self, job: &Job) -> usize {
+        match (self.exact, scored(job)) {
+            (false, _) => usize::MAX,
+            (true, true) => 0,
+            (true, false) => job.tokens.len() / PROMPT_CHUNK * PROMPT_CHUNK,
+        }
     }
 
     /// The job's prompt is in the batch up to position `upto`.
@@ -375,11 +393,13 @@ impl Run<'_> {
         let ids: Vec<i32> = job.tokens.iter().map(|t| t.0).collect();
         if self.layout == Layout::PerSlot {
             // llama.cpp copies the stream's data at the next decode.
+            let whole = self.whole(&job);
             for &seq in &seqs[1..] {
                 ctx.copy_kv_cache_seq(seqs[0], seq, None, None)
                     .map_err(|e| CmplError::internal(format!("KV copy: {e}")))?;
                 if let Some(prefix) = &mut self.prefix {
                     prefix.start(seq, &ids, ids.len());
+                    prefix.whole(seq, whole);
                 }
             }
         }
