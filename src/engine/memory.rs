@@ -130,7 +130,7 @@ fn kv_bytes(info: &GgufInfo, shape: KvShape) -> Option<u64> {
     } else {
         (n_ctx / streams).next_multiple_of(256)
     };
-    // Deterministic mode's ballast stream (`Run::step_call`).
+    // Deterministic mode's ballast stream (`Run::step`).
     let streams = streams + u64::from(shape.exact);
     let cells = streams * per_stream;
     let window_cells = sliding_window(info).map(|(window, is_swa)| {

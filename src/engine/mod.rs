@@ -30,7 +30,7 @@ use std::sync::atomic::AtomicBool;
 const DEFAULT_PARALLEL: u32 = 32;
 
 /// Slots in deterministic mode: llama.cpp's most sequences, less the
-/// ballast's (see `scheduler::Run::step_call`).
+/// ballast's (see `scheduler::Run::step`).
 const MAX_EXACT_SLOTS: u32 = 255;
 
 /// Prompt lookup's longest draft when `--lookup` is not given.
@@ -308,7 +308,7 @@ impl Engine {
         })?;
         let threads = opts.threads.map_or_else(physical_cores, |t| t as i32);
         if opts.deterministic {
-            // See `Run::step_call`: a product of K-quant weights takes
+            // See `Run::step`: a product of K-quant weights takes
             // llama.cpp's tiled kernel from 8 columns, the row-by-row one
             // below; off, every column is computed alike. (Read once, at the
             // first product; repacked weights are off too, see `load`.)

@@ -95,7 +95,7 @@ impl Engine {
         // llama.cpp clamps the batch to the context, and needs a batch at
         // least as wide as the sequences it decodes together.
         let cells = cells.max(parallel);
-        // Deterministic mode's ballast stream (see `Run::step_call`).
+        // Deterministic mode's ballast stream (see `Run::step`).
         let (streams, cells) = if shape.exact {
             (parallel + 1, cells / parallel * (parallel + 1))
         } else {

@@ -16,112 +16,20 @@ impl Run<'_> {
     /// followed by its draft where prompt lookup has one, then draws each
     /// choice's next tokens: one, and one more for each draft token the
     /// draw agrees with.
+    ///
+    /// Deterministic mode adds a ballast. llama.cpp passes each run of
+    /// consecutive sequence ids through the model together and picks its
+    /// kernels by the pass's shape: a pass of one stream, one row per
+    /// stream, sums attention over 512 or more cells in other chunks than a
+    /// pass of several (and one column may take other matrix-product
+    /// kernels than several). So no pass holds one stream: a choice whose
+    /// neighbours are not running gets the same tokens decoded beside it in
+    /// the next sequence's stream (the spare one past the slots, or a free
+    /// slot, after what it keeps), removed after the call. With kernels that
+    /// compute every column alike (see `Engine::load`) and each sequence in
+    /// a stream of its own, a choice's numbers are then its own, whatever
+    /// else runs, and whether or not a position came in a draft.
     pub(super) fn step(
-        &mut self,
-        ctx: &mut LlamaContext,
-        batch: &mut LlamaBatch,
-        sink: &mut Sink,
-    ) -> Result<()> {
-        if !self.exact {
-            return self.step_together(ctx, batch, sink);
-        }
-        // Deterministic mode: each choice's draft planned as if it ran
-        // alone; the choices with as many tokens to decode go in one call
-        // (llama.cpp then gives each its own stream's pass whole).
-        let mut planned = Vec::with_capacity(self.running.len());
-        for c in std::mem::take(&mut self.running) {
-            self.running.push(c);
-            let draft = self.drafts()?.pop().unwrap_or_default();
-            planned.extend(self.running.pop().map(|c| (c, draft)));
-        }
-        planned.sort_unstable_by_key(|(c, draft)| (draft.len(), c.seq));
-        let mut planned = planned.into_iter().peekable();
-        let mut stepped = Vec::new();
-        while let Some(first) = planned.next() {
-            let tokens = 1 + first.1.len();
-            // Room in the batch for a ballast stream beside each choice.
-            let most = (self.batch_size / tokens / 2).max(1);
-            let mut call = vec![first];
-            while call.len() < most && planned.peek().is_some_and(|(_, d)| 1 + d.len() == tokens) {
-                call.extend(planned.next());
-            }
-            self.step_call(call, ctx, batch, sink)?;
-            stepped.append(&mut self.running);
-        }
-        for c in stepped {
-            if self.states.contains_key(&c.job) {
-                self.running.push(c);
-            } else {
-                self.release(c.seq, ctx);
-            }
-        }
-        Ok(())
-    }
-
-    /// Deterministic mode's decode call: choices (in sequence order) with
-    /// as many tokens each, their numbers the same whatever else is in the
-    /// call. llama.cpp passes each run of consecutive sequence ids through
-    /// the model together, and picks its kernels by the pass's shape: one
-    /// column takes other matrix-product kernels than several, one stream
-    /// another attention reduction than several. So no pass holds one
-    /// stream: a choice whose neighbours are not in the call gets a ballast
-    /// beside it, the same tokens in the next sequence's stream (the spare
-    /// one past the slots, or a slot whose cells end before them), removed
-    /// after the call. With kernels whose every column is computed alike
-    /// (see `Engine::load`), a choice's numbers are then its own.
-    fn step_call(
-        &mut self,
-        call: Vec<(ChoiceState, Vec<LlamaToken>)>,
-        ctx: &mut LlamaContext,
-        batch: &mut LlamaBatch,
-        sink: &mut Sink,
-    ) -> Result<()> {
-        batch.clear();
-        let mut ballast = Vec::new();
-        let mut firsts = Vec::with_capacity(call.len());
-        let add = |batch: &mut LlamaBatch, token: LlamaToken, pos: i32, seq: i32| {
-            batch
-                .add(token, pos, &[seq], true)
-                .map_err(|e| CmplError::internal(format!("batch: {e}")))
-        };
-        for (i, (c, draft)) in call.iter().enumerate() {
-            firsts.push(batch.n_tokens());
-            if let Some(state) = self.states.get_mut(&c.job) {
-                state.drafts.drafted += draft.len() as u32;
-            }
-            add(batch, c.next, c.pos, c.seq)?;
-            for (j, &token) in draft.iter().enumerate() {
-                add(batch, token, c.pos + 1 + j as i32, c.seq)?;
-            }
-            let before = i > 0 && call[i - 1].0.seq + 1 == c.seq;
-            let after = call.get(i + 1).is_some_and(|(n, _)| n.seq == c.seq + 1);
-            if !before && !after {
-                let seq = c.seq + 1;
-                let pos = ctx.kv_cache_seq_pos_max(seq) + 1;
-                for j in 0..=draft.len() as i32 {
-                    add(batch, c.next, pos + j, seq)?;
-                }
-                ballast.push((seq, pos));
-            }
-        }
-        self.decode(ctx, batch)?;
-        for (seq, pos) in ballast {
-            ctx.clear_kv_cache_seq(Some(seq as u32), Some(pos as u32), None)
-                .map_err(|e| CmplError::internal(format!("KV removal: {e}")))?;
-        }
-        for ((mut c, draft), idx) in call.into_iter().zip(firsts) {
-            if !self.states.contains_key(&c.job) {
-                self.release(c.seq, ctx);
-                continue;
-            }
-            c.pos += 1;
-            self.verify(c, &draft, idx, ctx, sink)?;
-        }
-        Ok(())
-    }
-
-    /// [`Run::step`] for all running choices in one call.
-    fn step_together(
         &mut self,
         ctx: &mut LlamaContext,
         batch: &mut LlamaBatch,
@@ -130,25 +38,51 @@ impl Run<'_> {
         batch.clear();
         self.running.sort_unstable_by_key(|c| c.seq);
         let drafts = self.drafts()?;
-        for (c, draft) in self.running.iter().zip(&drafts) {
+        let add = |batch: &mut LlamaBatch, token: LlamaToken, pos: i32, seq: i32| {
+            batch
+                .add(token, pos, &[seq], true)
+                .map_err(|e| CmplError::internal(format!("batch: {e}")))
+        };
+        let mut ballast = Vec::new();
+        for (i, (c, draft)) in self.running.iter().zip(&drafts).enumerate() {
             if let Some(state) = self.states.get_mut(&c.job) {
                 state.drafts.drafted += draft.len() as u32;
             }
-            batch
-                .add(c.next, c.pos, &[c.seq], true)
-                .map_err(|e| CmplError::internal(format!("batch: {e}")))?;
+            add(batch, c.next, c.pos, c.seq)?;
             for (j, &token) in draft.iter().enumerate() {
-                batch
-                    .add(token, c.pos + 1 + j as i32, &[c.seq], true)
-                    .map_err(|e| CmplError::internal(format!("batch: {e}")))?;
+                add(batch, token, c.pos + 1 + j as i32, c.seq)?;
+            }
+            let running = |j: Option<usize>, seq: i32| {
+                j.and_then(|j| self.running.get(j))
+                    .is_some_and(|n| n.seq == seq)
+            };
+            if self.exact
+                && !running(i.checked_sub(1), c.seq - 1)
+                && !running(Some(i + 1), c.seq + 1)
+            {
+                let seq = c.seq + 1;
+                let pos = ctx.kv_cache_seq_pos_max(seq) + 1;
+                for j in 0..=draft.len() as i32 {
+                    add(batch, c.next, pos + j, seq)?;
+                }
+                ballast.push((seq, pos, batch.n_tokens()));
             }
         }
         self.decode(ctx, batch)?;
+        for &(seq, pos, _) in &ballast {
+            ctx.clear_kv_cache_seq(Some(seq as u32), Some(pos as u32), None)
+                .map_err(|e| CmplError::internal(format!("KV removal: {e}")))?;
+        }
         let running = std::mem::take(&mut self.running);
         let mut first = 0;
+        let mut ballast = ballast.into_iter().peekable();
         for (mut c, draft) in running.into_iter().zip(drafts) {
             let idx = first;
             first += 1 + draft.len() as i32;
+            // Past this choice's ballast, if it had one.
+            if let Some((_, _, end)) = ballast.next_if(|&(seq, ..)| seq == c.seq + 1) {
+                first = end;
+            }
             if !self.states.contains_key(&c.job) {
                 // Its job was cancelled earlier in this step.
                 self.release(c.seq, ctx);
@@ -195,15 +129,15 @@ impl Run<'_> {
                 None => return Ok(none()),
             }
         }
-        // The batch holds one token per choice and the drafts. Deterministic
-        // mode keeps each stream's pass under 64 tokens, where llama.cpp's
-        // attention would switch to tiles spanning several streams' rows.
-        let room = if self.exact {
-            62
+        // The batch holds one token per choice and the drafts (twice in
+        // deterministic mode, with ballast), and there each stream's pass
+        // stays under 64 tokens, where llama.cpp's attention would switch to
+        // tiles that span several streams' rows.
+        let k = if self.exact {
+            lookup::plan(&offers, (self.batch_size / 2).saturating_sub(seqs)).min(62)
         } else {
-            self.batch_size.saturating_sub(seqs)
+            lookup::plan(&offers, self.batch_size.saturating_sub(seqs))
         };
-        let k = lookup::plan(&offers, room);
         let drafts: Vec<Vec<LlamaToken>> = offers
             .iter()
             .map(|o| o.tokens[..k].iter().map(|&t| LlamaToken(t)).collect())
