@@ -56,6 +56,7 @@ set edit:completion:arg-completer[cmpl] = {|@words|
             cand --generate 'Print the man page or a shell completion script'
             cand --json 'Print the API''s JSON: one CompletionResponse, or SSE chunks with --stream'
             cand --no-prefix-cache 'Evaluate every prompt from its first token, instead of starting from the KV cells of an earlier prompt that began the same way (batch lines, server requests; kept while memory allows)'
+            cand --deterministic 'Deterministic mode: a seeded request gives the same bytes (text, logprobs, finish reasons) alone, in any --batch mix, at any --parallel, or on a loaded server, on the same build, CPU and --threads; for some speed (weights not repacked, a ballast sequence beside one decoding alone)'
             cand --no-repack 'Keep the weights as stored instead of repacking some into CPU-friendly layouts at load (as llama.cpp''s --no-repack): less memory and a faster load, slower prompts and batches'
             cand --verbose 'Show llama.cpp''s own log, and how long the model took to load, on stderr'
             cand --strict-model 'With --serve: answer a request naming another model with 404 (default: the served model answers it)'

@@ -204,9 +204,9 @@ pub struct Cli {
 
     /// Deterministic mode: a seeded request gives the same bytes (text,
     /// logprobs, finish reasons) alone, in any --batch mix, at any --parallel,
-    /// or on a loaded server, on the same build, CPU and --threads. Each
-    /// sequence is decoded on its own, no prompt is reused: batches run at
-    /// about --parallel 1 speed.
+    /// or on a loaded server, on the same build, CPU and --threads; for some
+    /// speed (weights not repacked, a ballast sequence beside one decoding
+    /// alone).
     #[arg(long, help_heading = "Runtime")]
     pub deterministic: bool,
 

@@ -127,6 +127,15 @@ fn seeded_answers_are_the_same_bytes_alone_in_any_batch_and_on_a_loaded_server()
         "{}",
         out.stderr
     );
+    // Neither drafts nor reused prompt chunks change a byte.
+    same(
+        "--lookup 0 --no-prefix-cache",
+        &batch(
+            &lines,
+            &["--deterministic", "--lookup", "0", "--no-prefix-cache"],
+        ),
+        &alone,
+    );
     for parallel in ["1", "4", "16"] {
         same(
             &format!("--parallel {parallel}"),
