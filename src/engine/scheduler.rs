@@ -118,6 +118,7 @@ impl Engine {
         let mut run = Run {
             engine: self,
             batch_size,
+            stream_cells: (ctx.n_ctx() / streams) as usize,
             layout,
             free_seqs: (0..parallel as i32).collect(),
             free_cells: cells,
@@ -232,6 +233,8 @@ struct Run<'e> {
     engine: &'e Engine,
     /// Tokens a decode call takes.
     batch_size: usize,
+    /// Cells of each stream (with a stream per slot).
+    stream_cells: usize,
     layout: Layout,
     /// Taken lowest first (see [`Layout::PerSlot`]).
     free_seqs: BTreeSet<i32>,

@@ -43,8 +43,30 @@ impl Run<'_> {
                 .add(token, pos, &[seq], true)
                 .map_err(|e| CmplError::internal(format!("batch: {e}")))
         };
+        // Choices with no running neighbour, each with its ballast's stream.
+        let lonely: Vec<Option<i32>> = (0..self.running.len())
+            .map(|i| {
+                let seq = self.running[i].seq;
+                let next_to = |j: Option<usize>, s: i32| {
+                    j.and_then(|j| self.running.get(j))
+                        .is_some_and(|n| n.seq == s)
+                };
+                (self.exact
+                    && !next_to(i.checked_sub(1), seq - 1)
+                    && !next_to(Some(i + 1), seq + 1))
+                .then_some(seq + 1)
+            })
+            .collect();
+        for (&seq, draft) in lonely.iter().zip(&drafts) {
+            let Some(seq) = seq else { continue };
+            let end = ctx.kv_cache_seq_pos_max(seq) + 1;
+            if end as usize + 1 + draft.len() > self.stream_cells {
+                // A free slot whose kept cells leave the ballast no room.
+                self.forget(seq, ctx);
+            }
+        }
         let mut ballast = Vec::new();
-        for (i, (c, draft)) in self.running.iter().zip(&drafts).enumerate() {
+        for ((c, draft), &lone) in self.running.iter().zip(&drafts).zip(&lonely) {
             if let Some(state) = self.states.get_mut(&c.job) {
                 state.drafts.drafted += draft.len() as u32;
             }
@@ -52,15 +74,7 @@ impl Run<'_> {
             for (j, &token) in draft.iter().enumerate() {
                 add(batch, token, c.pos + 1 + j as i32, c.seq)?;
             }
-            let running = |j: Option<usize>, seq: i32| {
-                j.and_then(|j| self.running.get(j))
-                    .is_some_and(|n| n.seq == seq)
-            };
-            if self.exact
-                && !running(i.checked_sub(1), c.seq - 1)
-                && !running(Some(i + 1), c.seq + 1)
-            {
-                let seq = c.seq + 1;
+            if let Some(seq) = lone {
                 let pos = ctx.kv_cache_seq_pos_max(seq) + 1;
                 for j in 0..=draft.len() as i32 {
                     add(batch, c.next, pos + j, seq)?;
