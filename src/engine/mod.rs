@@ -52,9 +52,9 @@ pub struct LoadOptions {
     /// Reuse the KV cells of prompts already evaluated (batch lines, server
     /// requests) for the prompts that begin the same way.
     pub prefix_cache: bool,
-    /// Deterministic mode: each sequence in a KV stream of its own, decoded
-    /// in calls of its own, so its numbers are those of the same request
-    /// alone whatever else runs.
+    /// Deterministic mode: each sequence in a KV stream of its own, with
+    /// kernels that compute every column alike, so its numbers are those of
+    /// the same request alone whatever else runs.
     pub deterministic: bool,
 }
 

@@ -246,11 +246,10 @@ struct Run<'e> {
     /// sequence keeps its cells (in the pool, they count against
     /// `free_cells`) until its slot or its cells are needed.
     prefix: Option<PrefixIndex>,
-    /// Deterministic mode: every decode call holds one sequence's tokens
-    /// only (a prompt in chunks from its first token, or a choice's next
-    /// token and its draft), so each sequence is computed exactly as it
-    /// would be alone: llama.cpp picks kernels, tiles and reduction orders
-    /// by the shape of the whole batch.
+    /// Deterministic mode: each prompt decoded alone, in chunks from its
+    /// first token, and no choice alone in its pass (see [`Run::step`]), so
+    /// each sequence is computed exactly as it would be alone: llama.cpp
+    /// picks kernels and reduction orders by the shape of the whole pass.
     exact: bool,
 }
 
