@@ -4,6 +4,7 @@
 //! [`Invocation`]. clap types end here.
 
 use crate::config::Config;
+use crate::constraint::Constraint;
 use crate::error::{CmplError, Result};
 use crate::generate::Kind;
 use crate::options::{Action, Color, InputSource, Invocation, Runtime};
@@ -142,6 +143,61 @@ pub struct Cli {
     /// Seed for sampling, 0..4294967295; choice i uses SEED+i [default: random, reported].
     #[arg(long, value_name = "SEED", help_heading = "Request")]
     pub seed: Option<i64>,
+
+    /// The text is JSON that follows this JSON Schema (the request's
+    /// response_format json_schema).
+    #[arg(
+        long,
+        value_name = "SCHEMA",
+        group = "constraint",
+        help_heading = "Structured output"
+    )]
+    pub json_schema: Option<String>,
+
+    /// The text is JSON that follows the JSON Schema in FILE.
+    #[arg(
+        long,
+        value_name = "FILE",
+        group = "constraint",
+        help_heading = "Structured output"
+    )]
+    pub json_schema_file: Option<PathBuf>,
+
+    /// The text is a JSON object (response_format json_object).
+    #[arg(long, group = "constraint", help_heading = "Structured output")]
+    pub json_object: bool,
+
+    /// The whole text matches this regex (Rust regex syntax; structured_outputs regex).
+    #[arg(
+        long,
+        value_name = "RE",
+        group = "constraint",
+        help_heading = "Structured output"
+    )]
+    pub regex: Option<String>,
+
+    /// The text is exactly one of these; repeatable (structured_outputs choice).
+    #[arg(long, value_name = "TEXT", action = ArgAction::Append, group = "constraint", help_heading = "Structured output")]
+    pub choice: Vec<String>,
+
+    /// The text is in the language of this GBNF grammar's root rule
+    /// (llama.cpp's grammar format; structured_outputs grammar).
+    #[arg(
+        long,
+        value_name = "GBNF",
+        group = "constraint",
+        help_heading = "Structured output"
+    )]
+    pub grammar: Option<String>,
+
+    /// The text follows the GBNF grammar in FILE.
+    #[arg(
+        long,
+        value_name = "FILE",
+        group = "constraint",
+        help_heading = "Structured output"
+    )]
+    pub grammar_file: Option<PathBuf>,
 
     /// Print the API's JSON: one CompletionResponse, or SSE chunks with --stream.
     #[arg(long, help_heading = "Input and output")]
@@ -503,7 +559,62 @@ impl Cli {
             }
             put("logit_bias", Some(Value::Object(map)));
         }
+        if let Some(c) = self.constraint()? {
+            let (field, value) = c.to_field();
+            put(field, Some(value));
+        }
         Ok(raw)
+    }
+}
+
+impl Cli {
+    /// The structured-output flag given (clap lets one through), as the
+    /// constraint its request field would carry.
+    fn constraint(&self) -> Result<Option<Constraint>> {
+        let read = |path: &PathBuf, flag: &str, field: &str| {
+            std::fs::read_to_string(path)
+                .map_err(|e| CmplError::invalid(field, format!("{flag} {}: {e}", path.display())))
+        };
+        let schema = |text: &str, flag: &str| -> Result<Constraint> {
+            let v: Value = serde_json::from_str(text).map_err(|e| {
+                CmplError::invalid(
+                    "response_format",
+                    format!("{flag} is not JSON: {e}; give a JSON Schema like '{{\"type\": \"object\"}}'"),
+                )
+            })?;
+            Constraint::from_fields(
+                Some(
+                    &json!({"type": "json_schema", "json_schema": {"name": "schema", "schema": v}}),
+                ),
+                None,
+            )?
+            .ok_or_else(|| CmplError::internal("a schema makes a constraint"))
+        };
+        let c = if let Some(text) = &self.json_schema {
+            schema(text, "--json-schema")?
+        } else if let Some(path) = &self.json_schema_file {
+            schema(
+                &read(path, "--json-schema-file", "response_format")?,
+                "--json-schema-file",
+            )?
+        } else if self.json_object {
+            Constraint::JsonObject
+        } else if let Some(rx) = &self.regex {
+            Constraint::Regex(rx.clone())
+        } else if !self.choice.is_empty() {
+            Constraint::Choice(self.choice.clone())
+        } else if let Some(g) = &self.grammar {
+            Constraint::Grammar(g.clone())
+        } else if let Some(path) = &self.grammar_file {
+            Constraint::Grammar(read(path, "--grammar-file", "structured_outputs")?)
+        } else {
+            return Ok(None);
+        };
+        // The field's own checks (empty texts, sizes).
+        let (field, value) = c.to_field();
+        let mut raw = RawRequest::default();
+        raw.set(field, value);
+        Constraint::from_fields(raw.get("response_format"), raw.get("structured_outputs"))
     }
 }
 

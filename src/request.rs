@@ -1,6 +1,7 @@
 //! The `CompletionRequest`: read from JSON, layered (config < JSON < flags),
 //! then validated once into a [`Request`] that the rest of the program trusts.
 
+use crate::constraint::{self, Constraint};
 use crate::error::{CmplError, Result};
 use serde_json::{Map, Value};
 
@@ -71,7 +72,10 @@ impl RawRequest {
             ));
         };
         for key in fields.keys() {
-            if !FIELDS.contains(&key.as_str()) && !COMPAT_FIELDS.contains(&key.as_str()) {
+            if !FIELDS.contains(&key.as_str())
+                && !COMPAT_FIELDS.contains(&key.as_str())
+                && !constraint::FIELDS.contains(&key.as_str())
+            {
                 return Err(CmplError::invalid(
                     key,
                     format!(
@@ -88,8 +92,10 @@ impl RawRequest {
         self.fields.insert(key.to_string(), value);
     }
 
-    /// `self` with every field of `over` on top.
+    /// `self` with every field of `over` on top (a constraint in `over`
+    /// replaces any in `self`, whichever field carries it).
     pub fn overlay(mut self, over: RawRequest) -> RawRequest {
+        constraint::replaced_by(&mut self.fields, &over.fields);
         self.fields.extend(over.fields);
         self
     }
@@ -167,6 +173,9 @@ pub struct Request {
     /// OpenAI's stream protocol: chunks without the contract's `delta`
     /// object, which OpenAI clients such as `llm` take for a chat chunk.
     pub openai_stream: bool,
+    /// Structured output: what the text must be (`response_format` or
+    /// `structured_outputs`), enforced while decoding.
+    pub constraint: Option<Constraint>,
 }
 
 impl Request {
@@ -234,6 +243,10 @@ impl Request {
             n,
             seed: integer(raw, "seed", 0, i64::from(u32::MAX))?.map(|v| v as u32),
             openai_stream: raw.get("stream_options").is_some(),
+            constraint: Constraint::from_fields(
+                raw.get("response_format"),
+                raw.get("structured_outputs"),
+            )?,
         })
     }
 }

@@ -33,6 +33,8 @@ pub struct TemperatureDraw {
     blocks: Vec<f32>,
     /// The truncation's candidates: (logit, token).
     near: Vec<(f32, u32)>,
+    /// How many of `near` the last truncated draw chose among.
+    kept: usize,
 }
 
 impl TemperatureDraw {
@@ -43,6 +45,7 @@ impl TemperatureDraw {
             rng: SplitMix64(u64::from(seed)),
             blocks: Vec::new(),
             near: Vec::new(),
+            kept: 0,
         }
     }
 
@@ -92,14 +95,47 @@ impl TemperatureDraw {
     }
 
     fn sample_truncated(&mut self, logits: &[f32], max: f32) -> Option<usize> {
-        let kept = self.truncate(logits, max);
-        let near = &self.near[..kept];
-        // Temperature, then the draw, over the survivors (f64: few of them).
+        self.kept = self.truncate(logits, max);
+        let near = std::mem::take(&mut self.near);
+        let drawn = self.draw_among(&near[..self.kept]);
+        self.near = near;
+        drawn
+    }
+
+    /// Temperature, then the draw, over candidates sorted likeliest first
+    /// (f64: few of them).
+    fn draw_among(&mut self, near: &[(f32, u32)]) -> Option<usize> {
+        let max = near.first()?.0;
         let weight = |l: f32| (f64::from(l - max) * f64::from(self.inv_t)).exp();
         let total: f64 = near.iter().map(|&(l, _)| weight(l)).sum();
         let target = self.rng.unit() * total;
         let (i, _) = pick(near.iter().map(|&(l, _)| weight(l)), target)?;
         Some(near[i].1 as usize)
+    }
+
+    /// After `sample` drew a token a constraint refuses, a draw from the
+    /// same distribution restricted to the tokens it takes (`allowed`;
+    /// `masked` is the logits with every other at -inf): among the
+    /// truncation's candidates that it takes, or where it takes none of
+    /// them, the truncation again over the tokens it takes. With a fresh
+    /// random number, so the two draws together give exactly that
+    /// distribution.
+    pub fn sample_allowed(
+        &mut self,
+        masked: &[f32],
+        allowed: impl Fn(u32) -> bool,
+    ) -> Option<usize> {
+        if !self.truncation.is_none() {
+            let near: Vec<(f32, u32)> = self.near[..self.kept.min(self.near.len())]
+                .iter()
+                .copied()
+                .filter(|&(_, id)| allowed(id))
+                .collect();
+            if !near.is_empty() {
+                return self.draw_among(&near);
+            }
+        }
+        self.sample(masked)
     }
 
     /// Leaves the tokens the truncation keeps at the front of `near`, likeliest

@@ -3,6 +3,7 @@
 //! [`Event`](crate::backend::Event)s and knows nothing of terminals or JSON.
 
 mod draw;
+mod guide;
 mod load;
 mod logprobs;
 mod lookup;
@@ -79,6 +80,10 @@ pub struct Engine {
     /// -ngl as given (default: all layers, where there is a GPU).
     gpu_layers: Option<u32>,
     longest_piece: std::sync::OnceLock<usize>,
+    /// Structured output's tokenizer trie, built at the first request
+    /// that has a constraint, then shared by every other.
+    guides: std::sync::OnceLock<std::result::Result<guide::Guides, CmplError>>,
+    verbose: bool,
 }
 
 /// One request made ready for the decode loop.
@@ -89,6 +94,8 @@ struct Job {
     seeds: Vec<u32>,
     /// Tokens each choice may generate (`max_tokens`, or less where the context ends).
     budget: u32,
+    /// The request's constraint, compiled: each choice checks a copy.
+    guide: Option<llguidance::Matcher>,
     /// Compute the sampled token's logprob even without `logprobs` (streams carry it).
     token_logprob: bool,
 }
@@ -332,6 +339,8 @@ impl Engine {
             gpu_free,
             gpu_layers: opts.n_gpu_layers,
             longest_piece: std::sync::OnceLock::new(),
+            guides: std::sync::OnceLock::new(),
+            verbose: opts.verbose,
         })
     }
 
@@ -350,6 +359,27 @@ impl Engine {
                 .unwrap_or(1)
                 .max(1)
         })
+    }
+
+    /// What compiles constraints for this model: its vocabulary as a token
+    /// trie, built once (262k tokens here: see the README's figures).
+    fn guides(&self) -> Result<&guide::Guides> {
+        self.guides
+            .get_or_init(|| {
+                let started = std::time::Instant::now();
+                let env = llama_cpp_2::sampling::LlamaSampler::llguidance_tok_env(&self.model);
+                let guides = guide::Guides::new(&env);
+                if self.verbose {
+                    eprintln!(
+                        "cmpl: structured output: token trie of {} tokens built in {} ms",
+                        self.model.n_vocab(),
+                        started.elapsed().as_millis()
+                    );
+                }
+                guides
+            })
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
     fn n_ctx_train(&self) -> u32 {
@@ -443,8 +473,13 @@ impl Engine {
             ))
             .with_param("prompt"));
         }
+        let guide = match &request.constraint {
+            Some(c) => Some(self.guides()?.compile(c)?),
+            None => None,
+        };
         let base = request.seed.unwrap_or_else(|| crate::random::u64() as u32);
         Ok(Job {
+            guide,
             seeds: (0..request.n).map(|i| base.wrapping_add(i)).collect(),
             budget: request.max_tokens.min(room),
             tokens,

@@ -2,6 +2,8 @@
 //! by the penalties and logit biases when the request has them.
 
 use super::draw::{TemperatureDraw, Truncation};
+use super::guide::Guide;
+use crate::error::Result;
 use crate::request::Sampling;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::token::LlamaToken;
@@ -13,6 +15,14 @@ pub struct SamplerChain {
     /// Penalties or biases: `None` on the plain path, which reads llama.cpp's
     /// logits in place.
     adjust: Option<Adjust>,
+    /// Structured output: the choice's constraint. A token is drawn as
+    /// without it and only checked; only when the constraint refuses it is
+    /// the whole vocabulary masked and the token drawn again among those
+    /// it takes (llama.cpp's sample-then-check: a full mask costs
+    /// milliseconds on a large vocabulary).
+    guide: Option<Guide>,
+    /// The logits with the refused tokens at -inf.
+    masked: Vec<f32>,
 }
 
 enum Draw {
@@ -23,7 +33,7 @@ enum Draw {
 }
 
 impl SamplerChain {
-    pub fn new(s: &Sampling, seed: u32) -> SamplerChain {
+    pub fn new(s: &Sampling, seed: u32, guide: Option<Guide>) -> SamplerChain {
         let draw = if s.temperature == 0.0 {
             Draw::Greedy
         } else {
@@ -37,6 +47,8 @@ impl SamplerChain {
         SamplerChain {
             draw,
             adjust: Adjust::new(s),
+            guide,
+            masked: Vec::new(),
         }
     }
 
@@ -48,17 +60,56 @@ impl SamplerChain {
     }
 
     /// Draws from output `idx` of the last decode and records the token.
-    pub fn sample(&mut self, ctx: &LlamaContext, idx: i32) -> LlamaToken {
+    /// An error only where the constraint fails mid-answer.
+    pub fn sample(&mut self, ctx: &LlamaContext, idx: i32) -> Result<LlamaToken> {
         let raw = ctx.get_logits_ith(idx);
-        let token = match (&mut self.adjust, &mut self.draw) {
+        let mut token = match (&mut self.adjust, &mut self.draw) {
             (None, draw) => draw.pick(raw),
             (Some(adjust), Draw::Greedy) => adjust.argmax(raw),
             (Some(adjust), draw) => draw.pick(adjust.apply(raw)),
         };
+        if let Some(guide) = &mut self.guide {
+            if !guide.allows(token.0 as u32)? {
+                let mask = guide.mask()?;
+                let logits = match &mut self.adjust {
+                    Some(adjust) => adjust.apply(raw),
+                    None => raw,
+                };
+                let masked = &mut self.masked;
+                masked.clear();
+                masked.resize(logits.len(), f32::NEG_INFINITY);
+                let mut first = None;
+                mask.iter_set_entries(|id| {
+                    if let Some(&l) = logits.get(id) {
+                        masked[id] = l;
+                        first.get_or_insert(id);
+                    }
+                });
+                let drawn = match &mut self.draw {
+                    Draw::Greedy => None,
+                    Draw::Temperature(draw) => {
+                        draw.sample_allowed(masked, |id| mask.is_allowed(id))
+                    }
+                };
+                // Greedy, or no allowed token the model gives any weight:
+                // the likeliest it takes (the first of them at worst).
+                token = match drawn {
+                    Some(id) => LlamaToken(id as i32),
+                    None if super::vector::max(masked) > f32::NEG_INFINITY => argmax(masked),
+                    None => LlamaToken(first.unwrap_or(0) as i32),
+                };
+            }
+            guide.consume(token.0 as u32)?;
+        }
         if let Some(adjust) = &mut self.adjust {
             adjust.accept(token);
         }
-        token
+        Ok(token)
+    }
+
+    /// The constraint is satisfied and nothing may follow.
+    pub fn complete(&self) -> bool {
+        self.guide.as_ref().is_some_and(Guide::complete)
     }
 }
 

@@ -15,6 +15,7 @@
 //! - Contract: the hosted API, which speaks this tool's own contract.
 
 use crate::backend::{Counts, Finish, RunOptions, TokenInfo};
+use crate::constraint::Constraint;
 use crate::error::{CmplError, ErrorKind, Result};
 use crate::request::Request;
 use serde_json::{json, Map, Value};
@@ -27,6 +28,25 @@ pub enum Dialect {
     },
     Vllm,
     Contract,
+}
+
+/// A GBNF grammar whose language is exactly `options`.
+fn gbnf_choice(options: &[String]) -> String {
+    let literal = |o: &String| {
+        let body: String = o
+            .chars()
+            .map(|c| match c {
+                '"' | '\\' | '[' | ']' => format!("\\{c}"),
+                c if (c as u32) < 0x20 || c as u32 == 0x7f => format!("\\x{:02X}", c as u32),
+                c => c.to_string(),
+            })
+            .collect();
+        format!("\"{body}\"")
+    };
+    format!(
+        "root ::= {}",
+        options.iter().map(literal).collect::<Vec<_>>().join(" | ")
+    )
 }
 
 /// One entry of a server's model list.
@@ -166,6 +186,27 @@ impl Dialect {
                 if let Some(k) = want_logprobs {
                     b.insert("logprobs".into(), json!(k.max(1)));
                 }
+                match &r.constraint {
+                    None => {}
+                    Some(Constraint::JsonSchema(schema)) => {
+                        b.insert("json_schema".into(), schema.clone());
+                    }
+                    Some(Constraint::JsonObject) => {
+                        b.insert("json_schema".into(), json!({"type": "object"}));
+                    }
+                    Some(Constraint::Grammar(g)) => {
+                        b.insert("grammar".into(), json!(g));
+                    }
+                    Some(Constraint::Choice(options)) => {
+                        b.insert("grammar".into(), json!(gbnf_choice(options)));
+                    }
+                    Some(Constraint::Regex(_)) => {
+                        return Err(CmplError::invalid(
+                            "structured_outputs",
+                            "llama-server takes JSON Schemas and GBNF grammars, not regexes; write it as --grammar, or run the model locally",
+                        ))
+                    }
+                }
             }
             Dialect::Vllm | Dialect::Contract => {
                 if s.top_k > 0 {
@@ -185,6 +226,23 @@ impl Dialect {
                 }
                 if stream && *self == Dialect::Vllm {
                     b.insert("stream_options".into(), json!({"include_usage": true}));
+                }
+                if let Some(c) = &r.constraint {
+                    if *self == Dialect::Contract {
+                        return Err(CmplError::invalid(
+                            c.to_field().0,
+                            format!("this server's completions API has no structured output field, so {} would be ignored; run the model locally or on llama-server or vLLM", c.kind()),
+                        ));
+                    }
+                    // vLLM's own field takes every kind.
+                    let so = match c {
+                        Constraint::JsonSchema(schema) => json!({"json": schema}),
+                        Constraint::JsonObject => json!({"json_object": true}),
+                        Constraint::Regex(rx) => json!({"regex": rx}),
+                        Constraint::Choice(options) => json!({"choice": options}),
+                        Constraint::Grammar(g) => json!({"grammar": g}),
+                    };
+                    b.insert("structured_outputs".into(), so);
                 }
             }
         }
@@ -452,6 +510,64 @@ mod tests {
     }
 
     const LLAMA: Dialect = Dialect::LlamaServer { n_ctx: Some(4096) };
+
+    #[test]
+    fn constraints_in_each_servers_words() {
+        let body = |d: &Dialect, c: Value| {
+            let mut v = json!({"prompt": "hi"});
+            v.as_object_mut()
+                .unwrap()
+                .extend(c.as_object().unwrap().clone());
+            d.body(&request(v), "m", &RunOptions::default(), false)
+        };
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let rf = json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}});
+        assert_eq!(body(&LLAMA, rf.clone()).unwrap()["json_schema"], schema);
+        assert_eq!(
+            body(&Dialect::Vllm, rf.clone()).unwrap()["structured_outputs"],
+            json!({"json": schema})
+        );
+        let object = json!({"response_format": {"type": "json_object"}});
+        assert_eq!(
+            body(&LLAMA, object.clone()).unwrap()["json_schema"],
+            json!({"type": "object"})
+        );
+        assert_eq!(
+            body(&Dialect::Vllm, object).unwrap()["structured_outputs"],
+            json!({"json_object": true})
+        );
+        let choice = json!({"structured_outputs": {"choice": ["a\"b", "c\\d[e]"]}});
+        let g = body(&LLAMA, choice.clone()).unwrap()["grammar"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert_eq!(g, r#"root ::= "a\"b" | "c\\d\[e\]""#);
+        // The grammar parses as GBNF, to the same two options.
+        assert!(crate::grammar::to_lark(&g).is_ok());
+        assert_eq!(
+            body(&Dialect::Vllm, choice).unwrap()["structured_outputs"],
+            json!({"choice": ["a\"b", "c\\d[e]"]})
+        );
+        let regex = json!({"structured_outputs": {"regex": "[0-9]+"}});
+        assert!(body(&LLAMA, regex.clone())
+            .unwrap_err()
+            .message
+            .contains("not regexes"));
+        assert_eq!(
+            body(&Dialect::Vllm, regex.clone()).unwrap()["structured_outputs"]["regex"],
+            "[0-9]+"
+        );
+        let e = body(&Dialect::Contract, regex).unwrap_err();
+        assert_eq!(
+            (e.kind, e.param.as_deref()),
+            (ErrorKind::InvalidRequest, Some("structured_outputs"))
+        );
+        assert!(
+            e.message.contains("no structured output field"),
+            "{}",
+            e.message
+        );
+    }
 
     #[test]
     fn llama_server_gets_its_own_names_and_explicit_samplers() {

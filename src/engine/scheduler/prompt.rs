@@ -6,7 +6,7 @@ use super::{cancelled, ChoiceState, JobState, Layout, Run, PROMPT_CHUNK, PROMPT_
 use crate::backend::{Event, Sink, TokenInfo};
 use crate::engine::lookup::Drafter;
 use crate::engine::prefix::Source;
-use crate::engine::{sampler, Job};
+use crate::engine::{guide, sampler, Job};
 use crate::error::{CmplError, Result};
 use crate::stop::StopMatcher;
 use llama_cpp_2::context::LlamaContext;
@@ -407,7 +407,9 @@ impl Run<'_> {
         let drafter = (lookup > 0).then(|| Drafter::new(&ids, lookup));
         let mut choices = Vec::with_capacity(n as usize);
         for (i, &seq) in seqs.iter().enumerate() {
-            let mut sampler = sampler::SamplerChain::new(&job.request.sampling, job.seeds[i]);
+            let guide = job.guide.clone().map(guide::Guide::new);
+            let mut sampler =
+                sampler::SamplerChain::new(&job.request.sampling, job.seeds[i], guide);
             sampler.accept_many(&job.tokens);
             choices.push(ChoiceState {
                 job: index,

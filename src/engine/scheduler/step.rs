@@ -228,7 +228,21 @@ impl Run<'_> {
         let logprobs = request.logprobs;
         let want_logprob = logprobs.is_some() || state.job.token_logprob;
         let budget = state.job.budget;
-        let token = c.sampler.sample(ctx, idx);
+        let token = match c.sampler.sample(ctx, idx) {
+            Ok(token) => token,
+            Err(error) => {
+                // The constraint failed (its work bound, say): this job
+                // ends with the error, never with unconstrained text.
+                let job = c.job;
+                self.cancel(job, ctx);
+                self.release(c.seq, ctx);
+                let told = sink(Event::Rejected { job, error });
+                if !cancelled(&told) {
+                    told?;
+                }
+                return Ok(None);
+            }
+        };
         let mut info = self.token_info(token);
         if want_logprob {
             let logits = ctx.get_logits_ith(idx);
@@ -245,6 +259,9 @@ impl Run<'_> {
             let released = c.matcher.push(&bytes);
             if released.stopped {
                 (released.text, Some(Finish::Stop))
+            } else if c.sampler.complete() {
+                // The constraint is satisfied and nothing may follow.
+                (released.text + &c.matcher.finish(), Some(Finish::Stop))
             } else if c.generated >= budget {
                 (released.text + &c.matcher.finish(), Some(Finish::Length))
             } else {

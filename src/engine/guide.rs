@@ -1,0 +1,227 @@
+//! Structured output in the decode loop. The model's tokenizer becomes an
+//! llguidance token trie once per loaded model; each request's constraint
+//! compiles into a matcher over it, and each choice's copy checks the
+//! tokens drawn. llguidance bounds the work of every mask ("fuel"), so a
+//! pathological grammar fails a request instead of stalling the loop.
+
+use crate::constraint::Constraint;
+use crate::error::{CmplError, Result};
+use llguidance::api::TopLevelGrammar;
+use llguidance::{Matcher, ParserFactory};
+use serde_json::{json, Value};
+use toktrie::{SimpleVob, TokEnv};
+
+/// What compiles constraints for one model.
+pub struct Guides {
+    factory: ParserFactory,
+}
+
+impl Guides {
+    pub fn new(env: &TokEnv) -> Result<Guides> {
+        // No precomputed vocabulary slices: they take llguidance 0.3 to 0.5 s
+        // more per model on 262k tokens, and speed up only full masks,
+        // which sample-then-check seldom needs.
+        let mut factory = ParserFactory::new(env, Default::default(), &[])
+            .map_err(|e| CmplError::internal(format!("structured output: {e}")))?;
+        factory.quiet();
+        Ok(Guides { factory })
+    }
+
+    /// The matcher a request's choices start from; a constraint that is
+    /// malformed or cannot be enforced is an invalid request.
+    pub fn compile(&self, c: &Constraint) -> Result<Matcher> {
+        let (field, _) = c.to_field();
+        let refuse = |e: String| {
+            CmplError::invalid(
+                field,
+                format!("`{field}` holds {} that cannot be enforced: {e}", c.kind()),
+            )
+        };
+        let grammar = match c {
+            Constraint::JsonSchema(schema) => {
+                TopLevelGrammar::from_json_schema(json_options(schema))
+            }
+            Constraint::JsonObject => {
+                TopLevelGrammar::from_json_schema(json_options(&json!({"type": "object"})))
+            }
+            Constraint::Regex(rx) => TopLevelGrammar::from_regex(rx),
+            Constraint::Choice(options) => TopLevelGrammar::from_regex(&alternatives(options)),
+            Constraint::Grammar(gbnf) => {
+                TopLevelGrammar::from_lark(crate::grammar::to_lark(gbnf).map_err(|e| refuse(e))?)
+            }
+        };
+        let parser = self
+            .factory
+            .create_parser(grammar)
+            .map_err(|e| refuse(first_line(&e.to_string())))?;
+        let matcher = Matcher::new(Ok(parser));
+        match matcher.get_error() {
+            Some(e) => Err(refuse(first_line(&e))),
+            None => Ok(matcher),
+        }
+    }
+}
+
+/// llguidance's messages on one line: a regex error's first and last
+/// lines (the caret drawing between them does not survive one line).
+fn first_line(e: &str) -> String {
+    let lines: Vec<&str> = e.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    match lines.as_slice() {
+        [] => e.to_string(),
+        [one] => one.to_string(),
+        [first, .., last] => format!("{first} {last}"),
+    }
+}
+
+/// JSON on one line, `, ` and `: ` between items as most JSON a model has
+/// read: flexible whitespace lets a base model spend its tokens on blank
+/// lines. A schema's own `x-guidance` settings win.
+fn json_options(schema: &Value) -> Value {
+    match schema {
+        Value::Object(map) if !map.contains_key("x-guidance") => {
+            let mut map = map.clone();
+            map.insert(
+                "x-guidance".into(),
+                json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
+            );
+            Value::Object(map)
+        }
+        other => other.clone(),
+    }
+}
+
+/// A regex that matches exactly one of `options`.
+fn alternatives(options: &[String]) -> String {
+    let escaped: Vec<String> = options
+        .iter()
+        .map(|o| {
+            o.chars()
+                .map(|ch| format!("\\x{{{:x}}}", ch as u32))
+                .collect()
+        })
+        .collect();
+    format!("(?:{})", escaped.join("|"))
+}
+
+/// One choice's copy of its request's matcher.
+pub struct Guide {
+    matcher: Matcher,
+}
+
+impl Guide {
+    pub fn new(matcher: Matcher) -> Guide {
+        Guide { matcher }
+    }
+
+    /// Whether the constraint takes `token` next (the end token where the
+    /// text may end).
+    pub fn allows(&mut self, token: u32) -> Result<bool> {
+        Ok(self.matcher.validate_tokens(&[token]).map_err(failed)? == 1)
+    }
+
+    /// Every token the constraint takes next; never empty.
+    pub fn mask(&mut self) -> Result<SimpleVob> {
+        let mask = self.matcher.compute_mask_or_eos().map_err(failed)?;
+        if mask.num_set() == 0 {
+            return Err(failed("it allows no token here"));
+        }
+        Ok(mask)
+    }
+
+    pub fn consume(&mut self, token: u32) -> Result<()> {
+        self.matcher.consume_token(token).map_err(failed)
+    }
+
+    /// The text is complete: nothing may follow (not even an end token).
+    pub fn complete(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+}
+
+fn failed(e: impl std::fmt::Display) -> CmplError {
+    CmplError::internal(format!(
+        "structured output failed mid-answer: {}",
+        first_line(&e.to_string())
+    ))
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use toktrie::{ApproximateTokEnv, TokRxInfo, TokTrie};
+
+    /// A small vocabulary: bytes, some words, and an end token (the last).
+    pub(crate) fn toy_env() -> TokEnv {
+        let mut words: Vec<Vec<u8>> = (32u8..127).map(|b| vec![b]).collect();
+        for w in [
+            "{\"", "\":", "\"}", "yes", "no", "maybe", " yes", "true", "false", "\n",
+        ] {
+            words.push(w.as_bytes().to_vec());
+        }
+        words.push(vec![0xFF, b'E']);
+        let n = words.len() as u32;
+        let trie = TokTrie::from(&TokRxInfo::new(n, n - 1), &words);
+        Arc::new(ApproximateTokEnv::new(trie))
+    }
+
+    pub(crate) fn id(env: &TokEnv, text: &str) -> u32 {
+        env.tok_trie()
+            .token_id(text.as_bytes())
+            .unwrap_or_else(|| panic!("{text:?} is not a toy token"))
+    }
+
+    #[test]
+    fn choices_take_exactly_their_options() {
+        let env = toy_env();
+        let guides = Guides::new(&env).unwrap();
+        let m = guides
+            .compile(&Constraint::Choice(vec![
+                "yes".into(),
+                "no".into(),
+                "a|b".into(),
+            ]))
+            .unwrap();
+        let mut g = Guide::new(m.clone());
+        assert!(g.allows(id(&env, "yes")).unwrap());
+        assert!(g.allows(id(&env, "n")).unwrap());
+        assert!(!g.allows(id(&env, "maybe")).unwrap());
+        assert!(!g.allows(id(&env, " yes")).unwrap());
+        assert!(
+            !g.allows(id(&env, "b")).unwrap(),
+            "metacharacters are literal"
+        );
+        g.consume(id(&env, "yes")).unwrap();
+        assert!(g.complete());
+        let mut g = Guide::new(m);
+        for t in ["a", "|", "b"] {
+            assert!(g.allows(id(&env, t)).unwrap(), "{t}");
+            g.consume(id(&env, t)).unwrap();
+        }
+        assert!(g.complete());
+    }
+
+    #[test]
+    fn unenforceable_constraints_are_invalid_requests() {
+        let guides = Guides::new(&toy_env()).unwrap();
+        for (c, want) in [
+            (Constraint::Regex("(unclosed".into()), "regex"),
+            (
+                Constraint::JsonSchema(
+                    json!({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}),
+                ),
+                "JSON Schema",
+            ),
+            (
+                Constraint::JsonSchema(json!({"type": "wat"})),
+                "JSON Schema",
+            ),
+        ] {
+            let Err(e) = guides.compile(&c) else {
+                panic!("{c:?} compiled");
+            };
+            assert_eq!(e.kind, crate::error::ErrorKind::InvalidRequest, "{c:?}");
+            assert!(e.message.contains(want), "{c:?}: {}", e.message);
+        }
+    }
+}
