@@ -14,6 +14,10 @@ use toktrie::{SimpleVob, TokEnv};
 /// What compiles constraints for one model.
 pub struct Guides {
     factory: ParserFactory,
+    /// `CMPL_GUIDE_MASK_FIRST=1`: mask every token before drawing, as
+    /// llama.cpp's grammar sampler does by default; for measurements and
+    /// the test that sample-then-check changes no greedy answer.
+    mask_first: bool,
 }
 
 impl Guides {
@@ -24,12 +28,15 @@ impl Guides {
         let mut factory = ParserFactory::new(env, Default::default(), &[])
             .map_err(|e| CmplError::internal(format!("structured output: {e}")))?;
         factory.quiet();
-        Ok(Guides { factory })
+        Ok(Guides {
+            factory,
+            mask_first: std::env::var_os("CMPL_GUIDE_MASK_FIRST").is_some_and(|v| v == "1"),
+        })
     }
 
     /// The matcher a request's choices start from; a constraint that is
     /// malformed or cannot be enforced is an invalid request.
-    pub fn compile(&self, c: &Constraint) -> Result<Matcher> {
+    pub fn compile(&self, c: &Constraint) -> Result<Compiled> {
         let (field, _) = c.to_field();
         let refuse = |e: String| {
             CmplError::invalid(
@@ -57,7 +64,10 @@ impl Guides {
         let matcher = Matcher::new(Ok(parser));
         match matcher.get_error() {
             Some(e) => Err(refuse(first_line(&e))),
-            None => Ok(matcher),
+            None => Ok(Compiled {
+                matcher,
+                mask_first: self.mask_first,
+            }),
         }
     }
 }
@@ -103,16 +113,30 @@ fn alternatives(options: &[String]) -> String {
     format!("(?:{})", escaped.join("|"))
 }
 
+/// A request's constraint, compiled.
+pub struct Compiled {
+    matcher: Matcher,
+    mask_first: bool,
+}
+
+impl Compiled {
+    /// A choice's copy.
+    pub fn guide(&self) -> Guide {
+        Guide {
+            matcher: self.matcher.clone(),
+            mask_first: self.mask_first,
+        }
+    }
+}
+
 /// One choice's copy of its request's matcher.
 pub struct Guide {
     matcher: Matcher,
+    /// See [`Guides::mask_first`].
+    pub mask_first: bool,
 }
 
 impl Guide {
-    pub fn new(matcher: Matcher) -> Guide {
-        Guide { matcher }
-    }
-
     /// Whether the constraint takes `token` next (the end token where the
     /// text may end).
     pub fn allows(&mut self, token: u32) -> Result<bool> {
@@ -182,7 +206,7 @@ pub(crate) mod tests {
                 "a|b".into(),
             ]))
             .unwrap();
-        let mut g = Guide::new(m.clone());
+        let mut g = m.guide();
         assert!(g.allows(id(&env, "yes")).unwrap());
         assert!(g.allows(id(&env, "n")).unwrap());
         assert!(!g.allows(id(&env, "maybe")).unwrap());
@@ -193,7 +217,7 @@ pub(crate) mod tests {
         );
         g.consume(id(&env, "yes")).unwrap();
         assert!(g.complete());
-        let mut g = Guide::new(m);
+        let mut g = m.guide();
         for t in ["a", "|", "b"] {
             assert!(g.allows(id(&env, t)).unwrap(), "{t}");
             g.consume(id(&env, t)).unwrap();

@@ -95,7 +95,7 @@ struct Job {
     /// Tokens each choice may generate (`max_tokens`, or less where the context ends).
     budget: u32,
     /// The request's constraint, compiled: each choice checks a copy.
-    guide: Option<llguidance::Matcher>,
+    guide: Option<guide::Compiled>,
     /// Compute the sampled token's logprob even without `logprobs` (streams carry it).
     token_logprob: bool,
 }

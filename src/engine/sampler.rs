@@ -63,13 +63,15 @@ impl SamplerChain {
     /// An error only where the constraint fails mid-answer.
     pub fn sample(&mut self, ctx: &LlamaContext, idx: i32) -> Result<LlamaToken> {
         let raw = ctx.get_logits_ith(idx);
+        let mask_first = self.guide.as_ref().is_some_and(|g| g.mask_first);
         let mut token = match (&mut self.adjust, &mut self.draw) {
+            _ if mask_first => LlamaToken(-1),
             (None, draw) => draw.pick(raw),
             (Some(adjust), Draw::Greedy) => adjust.argmax(raw),
             (Some(adjust), draw) => draw.pick(adjust.apply(raw)),
         };
         if let Some(guide) = &mut self.guide {
-            if !guide.allows(token.0 as u32)? {
+            if mask_first || !guide.allows(token.0 as u32)? {
                 let mask = guide.mask()?;
                 let logits = match &mut self.adjust {
                     Some(adjust) => adjust.apply(raw),
@@ -87,6 +89,7 @@ impl SamplerChain {
                 });
                 let drawn = match &mut self.draw {
                     Draw::Greedy => None,
+                    Draw::Temperature(draw) if mask_first => draw.sample(masked),
                     Draw::Temperature(draw) => {
                         draw.sample_allowed(masked, |id| mask.is_allowed(id))
                     }

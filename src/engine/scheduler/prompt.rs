@@ -407,7 +407,7 @@ impl Run<'_> {
         let drafter = (lookup > 0).then(|| Drafter::new(&ids, lookup));
         let mut choices = Vec::with_capacity(n as usize);
         for (i, &seq) in seqs.iter().enumerate() {
-            let guide = job.guide.clone().map(guide::Guide::new);
+            let guide = job.guide.as_ref().map(guide::Compiled::guide);
             let mut sampler =
                 sampler::SamplerChain::new(&job.request.sampling, job.seeds[i], guide);
             sampler.accept_many(&job.tokens);
