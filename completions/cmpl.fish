@@ -17,6 +17,12 @@ complete -c cmpl -l presence-penalty -d 'Penalize tokens that have appeared at a
 complete -c cmpl -l frequency-penalty -d 'Penalize tokens by how often they have appeared, -2..2 [default: 0]' -r
 complete -c cmpl -l logit-bias -d 'Add BIAS (-100..100) to token ID\'s logit; repeatable' -r
 complete -c cmpl -l seed -d 'Seed for sampling, 0..4294967295; choice i uses SEED+i [default: random, reported]' -r
+complete -c cmpl -l json-schema -d 'The text is JSON that follows this JSON Schema (the request\'s response_format json_schema)' -r
+complete -c cmpl -l json-schema-file -d 'The text is JSON that follows the JSON Schema in FILE' -r -F
+complete -c cmpl -l regex -d 'The whole text matches this regex (Rust regex syntax; structured_outputs regex)' -r
+complete -c cmpl -l choice -d 'The text is exactly one of these; repeatable (structured_outputs choice)' -r
+complete -c cmpl -l grammar -d 'The text is in the language of this GBNF grammar\'s root rule (llama.cpp\'s grammar format; structured_outputs grammar)' -r
+complete -c cmpl -l grammar-file -d 'The text follows the GBNF grammar in FILE' -r -F
 complete -c cmpl -l request -d 'Read the JSON request from FILE (\'-\' for stdin)' -r -F
 complete -c cmpl -l prompt-file -d 'Read the prompt as plain text from FILE (\'-\' for stdin)' -r -F
 complete -c cmpl -l batch -d 'Answer a JSON Lines file of requests (stdin without FILE), one JSON line out per line in, in order, decoding the requests together. Exit 1 if any line failed. Lines with "stream": true get a whole response' -r -F
@@ -39,6 +45,7 @@ complete-zsh\t''
 complete-fish\t''
 complete-powershell\t''
 complete-elvish\t''"
+complete -c cmpl -l json-object -d 'The text is a JSON object (response_format json_object)'
 complete -c cmpl -l json -d 'Print the API\'s JSON: one CompletionResponse, or SSE chunks with --stream'
 complete -c cmpl -l no-prefix-cache -d 'Evaluate every prompt from its first token, instead of starting from the KV cells of an earlier prompt that began the same way (batch lines, server requests; kept while memory allows)'
 complete -c cmpl -l deterministic -d 'Deterministic mode: a seeded request gives the same bytes (text, logprobs, finish reasons) alone, in any --batch mix, at any --parallel, or on a loaded server, on the same build, CPU and --threads; for some speed (weights not repacked, a ballast sequence beside one decoding alone)'

@@ -281,3 +281,53 @@ fn ctrl_c_mid_stream_exits_130_with_whole_events() {
     assert_eq!(code, Some(130));
     assert!(common::schema::whole_events(&out) < 2000, "stopped early");
 }
+
+#[test]
+fn a_schema_request_gets_valid_json_from_llama_server() {
+    let server = LlamaServer::start(&["-np", "1"]);
+    let url = server.url();
+    let schema = r#"{"type":"object","properties":{"city":{"enum":["Paris","Rome","Oslo"]},"people":{"type":"integer","minimum":0,"maximum":99}},"required":["city","people"],"additionalProperties":false}"#;
+    for seed in ["1", "2"] {
+        let out = cmpl(&[
+            "A trip, as JSON:",
+            "--json-schema",
+            schema,
+            "--temperature",
+            "0.8",
+            "--seed",
+            seed,
+            "--max-tokens",
+            "40",
+            "--json",
+            "--base-url",
+            &url,
+        ])
+        .run();
+        let v = out.json();
+        assert_valid("CompletionResponse", &v);
+        let text = v["choices"][0]["text"].as_str().unwrap();
+        let answer: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        assert!(
+            ["Paris", "Rome", "Oslo"].contains(&answer["city"].as_str().unwrap()),
+            "{answer}"
+        );
+        assert!(answer["people"].as_u64().unwrap() < 100, "{answer}");
+    }
+    // A choice travels as a GBNF grammar; a regex has no llama-server field.
+    let out = cmpl(&[
+        "Q: Is the sky blue?\nA:",
+        "--choice",
+        " yes",
+        "--choice",
+        " no",
+        "--temperature",
+        "0",
+        "--base-url",
+        &url,
+    ])
+    .run();
+    assert!([" yes", " no"].contains(&out.ok()), "{:?}", out.stdout);
+    cmpl(&["x", "--regex", "[0-9]+", "--base-url", &url])
+        .run()
+        .fails(2, "not regexes");
+}

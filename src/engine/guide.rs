@@ -54,7 +54,7 @@ impl Guides {
             Constraint::Regex(rx) => TopLevelGrammar::from_regex(rx),
             Constraint::Choice(options) => TopLevelGrammar::from_regex(&alternatives(options)),
             Constraint::Grammar(gbnf) => {
-                TopLevelGrammar::from_lark(crate::grammar::to_lark(gbnf).map_err(|e| refuse(e))?)
+                TopLevelGrammar::from_lark(crate::grammar::to_lark(gbnf).map_err(&refuse)?)
             }
         };
         let parser = self

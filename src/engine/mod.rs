@@ -203,7 +203,7 @@ impl Backend for Engine {
 /// What the server hands the engine next.
 pub enum Arrival {
     /// A request, and whether its stream reports each token's logprob.
-    Request(Request, bool),
+    Request(Box<Request>, bool),
     /// None waiting.
     Empty,
     /// The server stopped taking requests.
@@ -249,7 +249,7 @@ impl Engine {
         let mut index = 0;
         let mut feed = |wait: bool, sink: &mut Sink| loop {
             let (request, token_logprobs) = match next(wait) {
-                Arrival::Request(r, t) => (r, t),
+                Arrival::Request(r, t) => (*r, t),
                 Arrival::Empty => return Ok(Fed::Empty),
                 Arrival::Closed => return Ok(Fed::Closed),
             };

@@ -138,7 +138,7 @@ pub fn run(
             },
         );
         index += 1;
-        Arrival::Request(submission.request, stream)
+        Arrival::Request(Box::new(submission.request), stream)
     };
     let mut sink = |event: Event| -> Result<()> {
         let job = event.job();
