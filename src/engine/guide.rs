@@ -6,10 +6,99 @@
 
 use crate::constraint::Constraint;
 use crate::error::{CmplError, Result};
+use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::token::LlamaToken;
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{json, Value};
-use toktrie::{SimpleVob, TokEnv};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use toktrie::{ApproximateTokEnv, SimpleVob, TokEnv, TokRxInfo, TokTrie};
+
+/// The model's vocabulary as llguidance's token trie: each token's bytes
+/// (a special token's text behind a 0xFF byte, as llguidance marks them),
+/// every end-of-generation token registered as one. The pieces are read on
+/// `threads` threads; the trie itself takes toktrie 0.27 s on 262k tokens.
+pub fn token_env(model: &LlamaModel, threads: usize) -> Result<TokEnv> {
+    let n = model.n_vocab().max(0) as usize;
+    let vocab = model.vocab();
+    let eos = match vocab.eot() {
+        LlamaToken(-1) => vocab.eos(),
+        eot => eot,
+    };
+    let word = |id: usize| {
+        let token = LlamaToken(id as i32);
+        let mut bytes = vocab.token_to_piece(token, false, None);
+        if bytes.is_empty() {
+            let special = vocab.token_to_piece(token, true, None);
+            if !special.is_empty() {
+                bytes = [&[0xFF], &special[..]].concat();
+            }
+        }
+        (bytes, vocab.is_eog(token))
+    };
+    let per = n.div_ceil(threads.max(1)).max(1);
+    let parts: Vec<Vec<(Vec<u8>, bool)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .step_by(per)
+            .map(|start| s.spawn(move || (start..(start + per).min(n)).map(word).collect()))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join())
+            .collect::<std::result::Result<_, _>>()
+    })
+    .map_err(|_| CmplError::internal("structured output: reading the vocabulary failed"))?;
+    let mut words = Vec::with_capacity(n);
+    let mut ends = vec![eos.0 as u32];
+    for (id, (bytes, end)) in parts.into_iter().flatten().enumerate() {
+        if end && id as u32 != ends[0] {
+            ends.push(id as u32);
+        }
+        words.push(bytes);
+    }
+    let info = TokRxInfo::new(n as u32, ends[0]);
+    let trie = TokTrie::from(&info, &words).with_eos_tokens(&ends);
+    Ok(Arc::new(ApproximateTokEnv::new(trie)))
+}
+
+/// What checking cost in this process, for `--verbose`.
+pub struct Stats {
+    drawn: AtomicU64,
+    refused: AtomicU64,
+    masks: AtomicU64,
+    mask_us: AtomicU64,
+}
+
+pub static STATS: Stats = Stats {
+    drawn: AtomicU64::new(0),
+    refused: AtomicU64::new(0),
+    masks: AtomicU64::new(0),
+    mask_us: AtomicU64::new(0),
+};
+
+impl Stats {
+    pub fn drawn(&self, refused: bool) {
+        self.drawn.fetch_add(1, Relaxed);
+        if refused {
+            self.refused.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// `structured output: 120 tokens drawn, 14 refused, 2 full masks (9 ms)`,
+    /// or `None` when nothing was constrained.
+    pub fn line(&self) -> Option<String> {
+        let drawn = self.drawn.load(Relaxed);
+        (drawn > 0).then(|| {
+            format!(
+                "structured output: {drawn} tokens drawn, {} refused, {} full masks ({} ms)",
+                self.refused.load(Relaxed),
+                self.masks.load(Relaxed),
+                self.mask_us.load(Relaxed) / 1000
+            )
+        })
+    }
+}
 
 /// What compiles constraints for one model.
 pub struct Guides {
@@ -145,7 +234,12 @@ impl Guide {
 
     /// Every token the constraint takes next; never empty.
     pub fn mask(&mut self) -> Result<SimpleVob> {
+        let started = std::time::Instant::now();
         let mask = self.matcher.compute_mask_or_eos().map_err(failed)?;
+        STATS.masks.fetch_add(1, Relaxed);
+        STATS
+            .mask_us
+            .fetch_add(started.elapsed().as_micros() as u64, Relaxed);
         if mask.num_set() == 0 {
             return Err(failed("it allows no token here"));
         }
@@ -172,8 +266,6 @@ fn failed(e: impl std::fmt::Display) -> CmplError {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use std::sync::Arc;
-    use toktrie::{ApproximateTokEnv, TokRxInfo, TokTrie};
 
     /// A small vocabulary: bytes, some words, and an end token (the last).
     pub(crate) fn toy_env() -> TokEnv {

@@ -196,7 +196,11 @@ impl Backend for Engine {
             exact,
         };
         self.check_memory(shape)?;
-        self.decode_all(jobs, &mut |_, _| Ok(Fed::Closed), shape, interrupted, sink)
+        let done = self.decode_all(jobs, &mut |_, _| Ok(Fed::Closed), shape, interrupted, sink);
+        if let (true, Some(line)) = (self.verbose, guide::STATS.line()) {
+            eprintln!("cmpl: {line}");
+        }
+        done
     }
 }
 
@@ -367,8 +371,8 @@ impl Engine {
         self.guides
             .get_or_init(|| {
                 let started = std::time::Instant::now();
-                let env = llama_cpp_2::sampling::LlamaSampler::llguidance_tok_env(&self.model);
-                let guides = guide::Guides::new(&env);
+                let guides = guide::token_env(&self.model, self.threads.max(1) as usize)
+                    .and_then(|env| guide::Guides::new(&env));
                 if self.verbose {
                     eprintln!(
                         "cmpl: structured output: token trie of {} tokens built in {} ms",

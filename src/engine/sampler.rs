@@ -16,10 +16,10 @@ pub struct SamplerChain {
     /// logits in place.
     adjust: Option<Adjust>,
     /// Structured output: the choice's constraint. A token is drawn as
-    /// without it and only checked; only when the constraint refuses it is
-    /// the whole vocabulary masked and the token drawn again among those
-    /// it takes (llama.cpp's sample-then-check: a full mask costs
-    /// milliseconds on a large vocabulary).
+    /// without it and only checked (llama.cpp's sample-then-check: a full
+    /// mask costs milliseconds on a large vocabulary); when the constraint
+    /// refuses it, the next likeliest (greedy) or a few more draws
+    /// (sampled) are checked, and only then is the vocabulary masked.
     guide: Option<Guide>,
     /// The logits with the refused tokens at -inf.
     masked: Vec<f32>,
@@ -63,48 +63,40 @@ impl SamplerChain {
     /// An error only where the constraint fails mid-answer.
     pub fn sample(&mut self, ctx: &LlamaContext, idx: i32) -> Result<LlamaToken> {
         let raw = ctx.get_logits_ith(idx);
-        let mask_first = self.guide.as_ref().is_some_and(|g| g.mask_first);
-        let mut token = match (&mut self.adjust, &mut self.draw) {
+        let SamplerChain {
+            draw,
+            adjust,
+            guide,
+            masked,
+        } = self;
+        let mask_first = guide.as_ref().is_some_and(|g| g.mask_first);
+        let mut token = match (&mut *adjust, &mut *draw) {
             _ if mask_first => LlamaToken(-1),
             (None, draw) => draw.pick(raw),
             (Some(adjust), Draw::Greedy) => adjust.argmax(raw),
             (Some(adjust), draw) => draw.pick(adjust.apply(raw)),
         };
-        if let Some(guide) = &mut self.guide {
-            if mask_first || !guide.allows(token.0 as u32)? {
-                let mask = guide.mask()?;
-                let logits = match &mut self.adjust {
+        if let Some(guide) = guide {
+            let refused = mask_first || !guide.allows(token.0 as u32)?;
+            super::guide::STATS.drawn(refused && !mask_first);
+            if refused {
+                let logits = match adjust {
                     Some(adjust) => adjust.apply(raw),
                     None => raw,
                 };
-                let masked = &mut self.masked;
-                masked.clear();
-                masked.resize(logits.len(), f32::NEG_INFINITY);
-                let mut first = None;
-                mask.iter_set_entries(|id| {
-                    if let Some(&l) = logits.get(id) {
-                        masked[id] = l;
-                        first.get_or_insert(id);
-                    }
-                });
-                let drawn = match &mut self.draw {
-                    Draw::Greedy => None,
-                    Draw::Temperature(draw) if mask_first => draw.sample(masked),
-                    Draw::Temperature(draw) => {
-                        draw.sample_allowed(masked, |id| mask.is_allowed(id))
-                    }
+                let retried = if mask_first {
+                    None
+                } else {
+                    draw.retry(logits, guide)?
                 };
-                // Greedy, or no allowed token the model gives any weight:
-                // the likeliest it takes (the first of them at worst).
-                token = match drawn {
-                    Some(id) => LlamaToken(id as i32),
-                    None if super::vector::max(masked) > f32::NEG_INFINITY => argmax(masked),
-                    None => LlamaToken(first.unwrap_or(0) as i32),
+                token = match retried {
+                    Some(token) => token,
+                    None => draw.masked(logits, guide, masked, mask_first)?,
                 };
             }
             guide.consume(token.0 as u32)?;
         }
-        if let Some(adjust) = &mut self.adjust {
+        if let Some(adjust) = adjust {
             adjust.accept(token);
         }
         Ok(token)
@@ -116,7 +108,73 @@ impl SamplerChain {
     }
 }
 
+/// Tokens a greedy draw the constraint refused checks next, likeliest first,
+/// before it masks the vocabulary; draws a sampled one makes again.
+const GREEDY_CANDIDATES: usize = 16;
+const REDRAWS: usize = 4;
+
 impl Draw {
+    /// After the constraint refused the token drawn, the token a draw among
+    /// the allowed ones would give, found without a full mask where it can
+    /// be: greedy, the likeliest allowed of the next likeliest tokens (the
+    /// masked argmax when one is); sampled, another draw from the same
+    /// distribution while refused (rejection sampling, exact: a draw that
+    /// is never taken changes nothing). `None`: mask.
+    fn retry(&mut self, logits: &[f32], guide: &mut Guide) -> Result<Option<LlamaToken>> {
+        match self {
+            Draw::Greedy => {
+                for id in top(logits, GREEDY_CANDIDATES) {
+                    if guide.allows(id)? {
+                        return Ok(Some(LlamaToken(id as i32)));
+                    }
+                }
+            }
+            Draw::Temperature(draw) => {
+                for _ in 0..REDRAWS {
+                    let Some(id) = draw.sample(logits) else {
+                        break;
+                    };
+                    if guide.allows(id as u32)? {
+                        return Ok(Some(LlamaToken(id as i32)));
+                    }
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// A draw among the tokens the constraint allows, from the whole mask.
+    fn masked(
+        &mut self,
+        logits: &[f32],
+        guide: &mut Guide,
+        masked: &mut Vec<f32>,
+        mask_first: bool,
+    ) -> Result<LlamaToken> {
+        let mask = guide.mask()?;
+        masked.clear();
+        masked.resize(logits.len(), f32::NEG_INFINITY);
+        let mut first = None;
+        mask.iter_set_entries(|id| {
+            if let Some(&l) = logits.get(id) {
+                masked[id] = l;
+                first.get_or_insert(id);
+            }
+        });
+        let drawn = match self {
+            Draw::Greedy => None,
+            Draw::Temperature(draw) if mask_first => draw.sample(masked),
+            Draw::Temperature(draw) => draw.sample_allowed(masked, |id| mask.is_allowed(id)),
+        };
+        // Greedy, or no allowed token the model gives any weight: the
+        // likeliest it allows (the first of them at worst).
+        Ok(match drawn {
+            Some(id) => LlamaToken(id as i32),
+            None if super::vector::max(masked) > f32::NEG_INFINITY => argmax(masked),
+            None => LlamaToken(first.unwrap_or(0) as i32),
+        })
+    }
+
     fn pick(&mut self, logits: &[f32]) -> LlamaToken {
         match self {
             Draw::Greedy => argmax(logits),
@@ -126,6 +184,22 @@ impl Draw {
                 .map_or_else(|| argmax(logits), |id| LlamaToken(id as i32)),
         }
     }
+}
+
+/// The `k` likeliest tokens with a finite logit, in `argmax`'s order
+/// (likeliest first, the lower id first among equals).
+fn top(logits: &[f32], k: usize) -> Vec<u32> {
+    let mut best: Vec<(f32, u32)> = Vec::with_capacity(k + 1);
+    for (id, &l) in logits.iter().enumerate() {
+        let finite = l > f32::NEG_INFINITY; // NaN is not
+        if !finite || (best.len() == k && l <= best[k - 1].0) {
+            continue;
+        }
+        let at = best.partition_point(|&(b, _)| b >= l);
+        best.insert(at, (l, id as u32));
+        best.truncate(k);
+    }
+    best.into_iter().map(|(_, id)| id).collect()
 }
 
 /// The first most likely token, as llama.cpp's greedy sampler picks it: a
@@ -419,5 +493,19 @@ mod tests {
         assert_eq!(argmax(&[f32::NEG_INFINITY; 3]), LlamaToken(0));
         let long: Vec<f32> = (0..1000).map(|i| ((i * 37) % 101) as f32).collect();
         assert_eq!(argmax(&long), LlamaToken(30)); // 37 * 30 = 1110 = 10 * 101 + 100
+    }
+
+    #[test]
+    fn top_lists_tokens_in_argmaxs_order() {
+        let l = [1.0, 3.0, f32::NAN, 3.0, f32::NEG_INFINITY, 2.0, 0.5];
+        assert_eq!(top(&l, 3), vec![1, 3, 5]);
+        assert_eq!(top(&l, 10), vec![1, 3, 5, 0, 6]);
+        // Each prefix of the list is the argmax with the earlier ones masked.
+        let long: Vec<f32> = (0..1000).map(|i| ((i * 37) % 101) as f32).collect();
+        let mut masked = long.clone();
+        for id in top(&long, 16) {
+            assert_eq!(argmax(&masked), LlamaToken(id as i32));
+            masked[id as usize] = f32::NEG_INFINITY;
+        }
     }
 }
