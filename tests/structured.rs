@@ -547,3 +547,46 @@ fn bad_constraints_are_refused_by_name() {
     assert_eq!(got[0]["error"]["param"], "structured_outputs");
     assert!(["a", "b"].contains(&got[1]["choices"][0]["text"].as_str().unwrap()));
 }
+
+/// What a stranger could send to stall the decode loop: nested repetition,
+/// huge bounds, a highly ambiguous grammar. Each is answered (llguidance
+/// bounds its work per token), and the batch goes on.
+#[test]
+fn pathological_constraints_are_bounded() {
+    let mut lines: Vec<Value> = [
+        r"((a|aa)*)*b",
+        r"(a{1,1000}){1,1000}",
+        r"[a-z]{100000}",
+        r"(x+x+)+y",
+    ]
+    .iter()
+    .map(|rx| {
+        line(
+            "x",
+            json!({"structured_outputs": {"regex": rx}, "max_tokens": 24, "temperature": 0}),
+        )
+    })
+    .collect();
+    lines.push(line(
+        "x",
+        json!({"structured_outputs": {"grammar": "root ::= a\na ::= a a | \"x\" | a \"y\" a"}, "max_tokens": 24, "temperature": 0}),
+    ));
+    lines.push(line(
+        "x",
+        json!({"response_format": {"type": "json_schema", "json_schema": {"name": "big", "schema": {"type": "array", "minItems": 100000, "items": {"type": "integer"}}}}, "max_tokens": 24, "temperature": 0}),
+    ));
+    let out = cmpl(&["--batch"]).stdin(jsonl(&lines)).run();
+    let answers: Vec<Value> = out
+        .ok()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(answers.len(), lines.len());
+    for (a, asked) in answers.iter().zip(&lines) {
+        assert_valid("CompletionResponse", a);
+        assert!(
+            !a["choices"][0]["text"].as_str().unwrap().is_empty(),
+            "{asked}: {a}"
+        );
+    }
+}
