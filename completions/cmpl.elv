@@ -52,7 +52,7 @@ set edit:completion:arg-completer[cmpl] = {|@words|
             cand -c 'KV cache size in tokens, shared by all choices; with --serve, split evenly among the --parallel slots [default: sized to the request; 4096 per slot]'
             cand --ctx-size 'KV cache size in tokens, shared by all choices; with --serve, split evenly among the --parallel slots [default: sized to the request; 4096 per slot]'
             cand --n-gpu-layers 'Layers to offload to the GPU (also -ngl) [default: all, when built with a GPU backend]'
-            cand --lookup 'Prompt lookup: draft up to N tokens per step from the prompt and the text so far (where the answer copies them: code edits, quotes, extraction), verified in the same decode call; the text is the model''s, as without it, up to rounding at near-ties. 0 turns it off [default: 15]'
+            cand --lookup 'Prompt lookup: draft up to N tokens per step from the prompt and the text so far (where the answer copies them: code edits, quotes, extraction), or the text a constraint forces next, verified in the same decode call; the text is the model''s, as without it, up to rounding at near-ties. 0 turns it off [default: 15]'
             cand --serve 'Serve the completions API over HTTP at ADDR (host:port, or a port on 127.0.0.1) [default: 127.0.0.1:8337]; another address needs CMPL_API_KEY'
             cand --drain-timeout 'With --serve: on SIGINT/SIGTERM, seconds the requests in flight may take to finish before they are cancelled, 0..86400 [default: 300]'
             cand --base-url 'Send requests to a server''s completions API at this root (http://127.0.0.1:8080/v1) instead of running a local model [default: $CMPL_BASE_URL]'

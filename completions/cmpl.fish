@@ -30,7 +30,7 @@ complete -c cmpl -l parallel -d 'Sequences decoded together in --batch mode [def
 complete -c cmpl -s t -l threads -d 'CPU threads, 1..1024 [default: physical cores]' -r
 complete -c cmpl -s c -l ctx-size -d 'KV cache size in tokens, shared by all choices; with --serve, split evenly among the --parallel slots [default: sized to the request; 4096 per slot]' -r
 complete -c cmpl -l n-gpu-layers -d 'Layers to offload to the GPU (also -ngl) [default: all, when built with a GPU backend]' -r
-complete -c cmpl -l lookup -d 'Prompt lookup: draft up to N tokens per step from the prompt and the text so far (where the answer copies them: code edits, quotes, extraction), verified in the same decode call; the text is the model\'s, as without it, up to rounding at near-ties. 0 turns it off [default: 15]' -r
+complete -c cmpl -l lookup -d 'Prompt lookup: draft up to N tokens per step from the prompt and the text so far (where the answer copies them: code edits, quotes, extraction), or the text a constraint forces next, verified in the same decode call; the text is the model\'s, as without it, up to rounding at near-ties. 0 turns it off [default: 15]' -r
 complete -c cmpl -l serve -d 'Serve the completions API over HTTP at ADDR (host:port, or a port on 127.0.0.1) [default: 127.0.0.1:8337]; another address needs CMPL_API_KEY' -r
 complete -c cmpl -l drain-timeout -d 'With --serve: on SIGINT/SIGTERM, seconds the requests in flight may take to finish before they are cancelled, 0..86400 [default: 300]' -r
 complete -c cmpl -l base-url -d 'Send requests to a server\'s completions API at this root (http://127.0.0.1:8080/v1) instead of running a local model [default: $CMPL_BASE_URL]' -r

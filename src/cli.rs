@@ -246,9 +246,9 @@ pub struct Cli {
 
     /// Prompt lookup: draft up to N tokens per step from the prompt and the
     /// text so far (where the answer copies them: code edits, quotes,
-    /// extraction), verified in the same decode call; the text is the
-    /// model's, as without it, up to rounding at near-ties. 0 turns it off
-    /// [default: 15].
+    /// extraction), or the text a constraint forces next, verified in the
+    /// same decode call; the text is the model's, as without it, up to
+    /// rounding at near-ties. 0 turns it off [default: 15].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=64), help_heading = "Runtime")]
     pub lookup: Option<u32>,
 

@@ -250,6 +250,17 @@ impl Guide {
         self.matcher.consume_token(token).map_err(failed)
     }
 
+    /// The bytes the constraint allows next and nothing else (`", "size":
+    /// "` after a value, where the schema fixes the next key).
+    pub fn forced(&mut self) -> Vec<u8> {
+        self.matcher.compute_ff_bytes()
+    }
+
+    /// How many of `tokens`, in order, the constraint takes from here.
+    pub fn valid_prefix(&mut self, tokens: &[u32]) -> usize {
+        self.matcher.validate_tokens(tokens).unwrap_or(0)
+    }
+
     /// The text is complete: nothing may follow (not even an end token).
     pub fn complete(&self) -> bool {
         self.matcher.is_stopped()

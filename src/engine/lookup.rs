@@ -31,6 +31,10 @@ const MEASURED: [f64; 17] = [
     4.42,
 ];
 
+/// The share of a constraint's forced draft taken: all of it, unless the
+/// model spells the forced text with other tokens.
+pub const FORCED_TAKEN: f64 = 0.9;
+
 /// The estimate before any evidence: draft tokens taken 2 times in 3.
 const PRIOR: (f64, f64) = (2.0, 3.0);
 /// How much of the evidence a verification keeps (recent drafts count most),
@@ -104,6 +108,11 @@ impl Drafter {
             tokens: &self.tokens[start..end],
             taken: (self.taken + PRIOR.0) / (self.tried + PRIOR.1),
         })
+    }
+
+    /// The most tokens a draft may have.
+    pub fn max(&self) -> usize {
+        self.max
     }
 
     /// It offered a draft that the step did not take (not worth its cost):

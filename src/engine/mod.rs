@@ -386,6 +386,16 @@ impl Engine {
             .map_err(Clone::clone)
     }
 
+    /// Literal text as the model's tokens (no BOS, special tokens not parsed).
+    fn tokenize_text(&self, text: &[u8]) -> Vec<i32> {
+        self.model
+            .vocab()
+            .tokenize(text, false, false)
+            .into_iter()
+            .map(|t| t.0)
+            .collect()
+    }
+
     fn n_ctx_train(&self) -> u32 {
         self.model.n_ctx_train()
     }

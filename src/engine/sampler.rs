@@ -102,6 +102,24 @@ impl SamplerChain {
         Ok(token)
     }
 
+    /// A draft from the constraint: the text it forces next, tokenized
+    /// (at most `max` tokens, those it takes); empty without a constraint
+    /// or where it leaves a choice.
+    pub fn forced_draft(&mut self, tokenize: impl Fn(&[u8]) -> Vec<i32>, max: usize) -> Vec<i32> {
+        let Some(guide) = &mut self.guide else {
+            return Vec::new();
+        };
+        let bytes = guide.forced();
+        if bytes.is_empty() || max == 0 {
+            return Vec::new();
+        }
+        let mut tokens = tokenize(&bytes);
+        tokens.truncate(max);
+        let ids: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
+        tokens.truncate(guide.valid_prefix(&ids));
+        tokens
+    }
+
     /// The constraint is satisfied and nothing may follow.
     pub fn complete(&self) -> bool {
         self.guide.as_ref().is_some_and(Guide::complete)

@@ -43,6 +43,9 @@ struct ChoiceState {
     tokens: Vec<TokenInfo>,
     /// With prompt lookup (`--lookup`): drafts from the choice's text.
     drafter: Option<Drafter>,
+    /// This step's draft is the text its constraint forces, not the
+    /// drafter's (whose evidence it must not change).
+    forced: bool,
 }
 
 /// How a run's KV cells are laid out among its sequences.

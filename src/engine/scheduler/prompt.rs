@@ -424,6 +424,7 @@ impl Run<'_> {
                 text: String::new(),
                 tokens: Vec::new(),
                 drafter: drafter.clone(),
+                forced: false,
             });
         }
         let started = sink(Event::Started {

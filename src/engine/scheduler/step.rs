@@ -129,15 +129,39 @@ impl Run<'_> {
         if seqs > 1 && self.layout == Layout::Shared {
             return Ok(none());
         }
-        let mut offers = Vec::with_capacity(seqs);
-        for c in &self.running {
+        // A draft never runs past the choice's budget, so its cells stay
+        // within the ones the job was given. Where a constraint forces the
+        // next text (a schema's next key), that text is the draft: the
+        // model's draw there can only be the same, unless it spells the
+        // text with other tokens.
+        let engine = self.engine;
+        let mut limits = Vec::with_capacity(seqs);
+        let mut forced = Vec::with_capacity(seqs);
+        for c in &mut self.running {
             let state = self
                 .states
                 .get(&c.job)
                 .ok_or_else(|| CmplError::internal("choice without a job"))?;
-            // A draft never runs past the choice's budget, so its cells stay
-            // within the ones the job was given.
             let limit = (state.job.budget.saturating_sub(c.generated) as usize).saturating_sub(1);
+            let draft = match &c.drafter {
+                Some(d) => c
+                    .sampler
+                    .forced_draft(|text| engine.tokenize_text(text), limit.min(d.max())),
+                None => Vec::new(),
+            };
+            c.forced = !draft.is_empty();
+            limits.push(limit);
+            forced.push(draft);
+        }
+        let mut offers = Vec::with_capacity(seqs);
+        for ((c, &limit), draft) in self.running.iter().zip(&limits).zip(&forced) {
+            if !draft.is_empty() {
+                offers.push(lookup::Offer {
+                    tokens: draft,
+                    taken: lookup::FORCED_TAKEN,
+                });
+                continue;
+            }
             match c.drafter.as_ref().and_then(|d| d.offer(limit)) {
                 Some(offer) => offers.push(offer),
                 None => return Ok(none()),
@@ -203,7 +227,7 @@ impl Run<'_> {
             ctx.clear_kv_cache_seq(Some(c.seq as u32), Some(c.pos as u32), None)
                 .map_err(|e| CmplError::internal(format!("KV removal: {e}")))?;
         }
-        if let Some(d) = &mut c.drafter {
+        if let (Some(d), false) = (&mut c.drafter, c.forced) {
             d.verified(draft.len(), taken);
         }
         self.running.push(c);
