@@ -410,3 +410,45 @@ fn the_hosted_api_passes_through() {
     );
     assert_eq!(last["usage"]["completion_tokens"], 3);
 }
+
+#[test]
+fn constraints_travel_in_vllms_words_and_never_to_the_hosted_api() {
+    let server = StandIn::start(vec![
+        Reply::json(data("vllm-models.json")),
+        Reply::json(data("vllm-response.json")),
+    ]);
+    let out = cmpl(&[
+        "The capital of France is",
+        "-m",
+        VLLM_MODEL,
+        "--json",
+        "--regex",
+        " [A-Z][a-z]+\\.",
+        "--base-url",
+        &server.url(),
+    ])
+    .run();
+    out.ok();
+    assert_eq!(
+        body_sent(&server, 1)["structured_outputs"],
+        json!({"regex": " [A-Z][a-z]+\\."})
+    );
+    // The hosted API's completions have no such field: refused, not sent.
+    let server = StandIn::start(vec![Reply::json(data("together-models.json"))]);
+    let out = cmpl(&[
+        "x",
+        "-m",
+        "meta-llama/Llama-3.3-70B-Instruct-Turbo",
+        "--json",
+        "--json-object",
+        "--base-url",
+        &server.url(),
+    ])
+    .run();
+    out.fails(2, "no structured output field");
+    assert_valid("ErrorData", &out.json());
+    assert!(server
+        .seen()
+        .iter()
+        .all(|s| !s.path.ends_with("/completions")));
+}
