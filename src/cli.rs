@@ -569,26 +569,19 @@ impl Cli {
 
 impl Cli {
     /// The structured-output flag given (clap lets one through), as the
-    /// constraint its request field would carry.
+    /// constraint its request field carries.
     fn constraint(&self) -> Result<Option<Constraint>> {
         let read = |path: &PathBuf, flag: &str, field: &str| {
             std::fs::read_to_string(path)
                 .map_err(|e| CmplError::invalid(field, format!("{flag} {}: {e}", path.display())))
         };
-        let schema = |text: &str, flag: &str| -> Result<Constraint> {
-            let v: Value = serde_json::from_str(text).map_err(|e| {
+        let schema = |text: &str, flag: &str| {
+            serde_json::from_str(text).map(Constraint::JsonSchema).map_err(|e| {
                 CmplError::invalid(
                     "response_format",
                     format!("{flag} is not JSON: {e}; give a JSON Schema like '{{\"type\": \"object\"}}'"),
                 )
-            })?;
-            Constraint::from_fields(
-                Some(
-                    &json!({"type": "json_schema", "json_schema": {"name": "schema", "schema": v}}),
-                ),
-                None,
-            )?
-            .ok_or_else(|| CmplError::internal("a schema makes a constraint"))
+            })
         };
         let c = if let Some(text) = &self.json_schema {
             schema(text, "--json-schema")?
@@ -610,11 +603,8 @@ impl Cli {
         } else {
             return Ok(None);
         };
-        // The field's own checks (empty texts, sizes).
-        let (field, value) = c.to_field();
-        let mut raw = RawRequest::default();
-        raw.set(field, value);
-        Constraint::from_fields(raw.get("response_format"), raw.get("structured_outputs"))
+        // Checked with the request it is written into, as a JSON field is.
+        Ok(Some(c))
     }
 }
 

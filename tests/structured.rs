@@ -25,6 +25,17 @@ fn jsonl(lines: &[Value]) -> String {
     lines.iter().map(|l| l.to_string() + "\n").collect()
 }
 
+/// `cmpl --batch` over `lines`, successful: its answers, in order.
+fn batch(lines: &[Value]) -> Vec<Value> {
+    cmpl(&["--batch"])
+        .stdin(jsonl(lines))
+        .run()
+        .ok()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 /// Realistic schemas, each with a prompt that asks for it.
 fn schemas() -> Vec<(&'static str, Value)> {
     vec![
@@ -134,12 +145,7 @@ fn schema_answers_validate_at_several_seeds_and_temperatures() {
             wanted.push(schema.clone());
         }
     }
-    let out = cmpl(&["--batch"]).stdin(jsonl(&lines)).run();
-    let answers: Vec<Value> = out
-        .ok()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let answers = batch(&lines);
     assert_eq!(answers.len(), lines.len());
     let (mut stopped, mut total) = (0, 0);
     for ((answer, schema), asked) in answers.iter().zip(&wanted).zip(&lines) {
@@ -197,10 +203,8 @@ fn regexes_match_whole_answers_and_json_objects_parse() {
             json!({"response_format": {"type": "json_object"}, "temperature": 0.8, "seed": seed, "max_tokens": 64}),
         ));
     }
-    let out = cmpl(&["--batch"]).stdin(jsonl(&lines)).run();
     let mut stopped = 0;
-    for (text_line, asked) in out.ok().lines().zip(&lines) {
-        let answer: Value = serde_json::from_str(text_line).unwrap();
+    for (answer, asked) in batch(&lines).iter().zip(&lines) {
         let choice = &answer["choices"][0];
         let text = choice["text"].as_str().unwrap();
         if choice["finish_reason"] != "stop" {
@@ -262,11 +266,9 @@ fn choices_follow_the_models_probabilities() {
             )
         })
         .collect();
-    let out = cmpl(&["--batch"]).stdin(jsonl(&lines)).run();
     let mut counts = [0u32; 4];
     let mut total = 0;
-    for text_line in out.ok().lines() {
-        let answer: Value = serde_json::from_str(text_line).unwrap();
+    for answer in batch(&lines) {
         for choice in answer["choices"].as_array().unwrap() {
             let text = choice["text"].as_str().unwrap();
             let at = options
@@ -445,14 +447,7 @@ fn every_face_takes_a_constraint() {
     let free = json!({"prompt": "The capital of France is", "max_tokens": 12, "temperature": 0, "logprobs": 5});
     let bound = json!({"prompt": "Q: Is Paris in France?\nA:", "structured_outputs": {"choice": [" yes", " no"]}, "temperature": 0});
     let alone = cmpl(&["--json"]).stdin(free.to_string()).run().json();
-    let out = cmpl(&["--batch"])
-        .stdin(jsonl(&[free.clone(), bound.clone(), free.clone()]))
-        .run();
-    let got: Vec<Value> = out
-        .ok()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let got = batch(&[free.clone(), bound.clone(), free.clone()]);
     follows_single_run(&got[0], &alone);
     follows_single_run(&got[2], &alone);
     assert_eq!(got[1]["choices"][0]["text"], " yes");
@@ -575,12 +570,7 @@ fn pathological_constraints_are_bounded() {
         "x",
         json!({"response_format": {"type": "json_schema", "json_schema": {"name": "big", "schema": {"type": "array", "minItems": 100000, "items": {"type": "integer"}}}}, "max_tokens": 24, "temperature": 0}),
     ));
-    let out = cmpl(&["--batch"]).stdin(jsonl(&lines)).run();
-    let answers: Vec<Value> = out
-        .ok()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let answers = batch(&lines);
     assert_eq!(answers.len(), lines.len());
     for (a, asked) in answers.iter().zip(&lines) {
         assert_valid("CompletionResponse", a);

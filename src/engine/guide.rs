@@ -149,10 +149,10 @@ impl Guides {
         let parser = self
             .factory
             .create_parser(grammar)
-            .map_err(|e| refuse(first_line(&e.to_string())))?;
+            .map_err(|e| refuse(one_line(&e.to_string())))?;
         let matcher = Matcher::new(Ok(parser));
         match matcher.get_error() {
-            Some(e) => Err(refuse(first_line(&e))),
+            Some(e) => Err(refuse(one_line(&e))),
             None => Ok(Compiled {
                 matcher,
                 mask_first: self.mask_first,
@@ -163,7 +163,7 @@ impl Guides {
 
 /// llguidance's messages on one line: a regex error's first and last
 /// lines (the caret drawing between them does not survive one line).
-fn first_line(e: &str) -> String {
+fn one_line(e: &str) -> String {
     let lines: Vec<&str> = e.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
     match lines.as_slice() {
         [] => e.to_string(),
@@ -270,7 +270,7 @@ impl Guide {
 fn failed(e: impl std::fmt::Display) -> CmplError {
     CmplError::internal(format!(
         "structured output failed mid-answer: {}",
-        first_line(&e.to_string())
+        one_line(&e.to_string())
     ))
 }
 
