@@ -371,8 +371,8 @@ impl Engine {
         self.guides
             .get_or_init(|| {
                 let started = std::time::Instant::now();
-                let guides = guide::token_env(&self.model, self.threads.max(1) as usize)
-                    .and_then(|env| guide::Guides::new(&env));
+                let guides = guide::pieces(&self.model, self.threads.max(1) as usize)
+                    .and_then(|(words, ends)| guide::Guides::new(words, &ends));
                 if self.verbose {
                     eprintln!(
                         "cmpl: structured output: token trie of {} tokens built in {} ms",
