@@ -157,9 +157,9 @@ fn several_choices_batch_lines_and_server_requests_each_follow_lookup_0() {
         let pick = |v: &Value| json!({"choices": [v["choices"][i].clone()]});
         follows_single_run(&pick(&fast), &pick(&plain));
     }
-    // A batch and a server mixing copying and free prompts.
-    // The first line runs longest: in one shared cache (batch), drafting
-    // waits until one sequence is left.
+    // A batch and a server mixing copying and free prompts. Two lines
+    // share a prompt, so the batch runs in one pool, where drafting waits
+    // until one sequence is left (the first line runs longest).
     let lines = [
         request(COPY, json!({})),
         request(FREE, json!({"max_tokens": 20})),
@@ -192,6 +192,44 @@ fn several_choices_batch_lines_and_server_requests_each_follow_lookup_0() {
         log.contains(" accepted"),
         "the request log reports drafts: {log}"
     );
+}
+
+#[test]
+fn batch_lines_that_share_nothing_draft_together() {
+    // Each line in a KV stream of its own: all three draft in one call
+    // while they run together, and each answer is its lone run's.
+    let code = [
+        "fn parse_line(line: &str) -> Option<(String, u32)> {\n    let (name, count) = line.split_once(',')?;\n    let name = name.trim().to_string();\n    let count = count.trim().parse().ok()?;\n    Some((name, count))\n}\n",
+        "function formatPrice(amount, currency) {\n  const rounded = Math.round(amount * 100) / 100;\n  if (currency === \"EUR\") {\n    return rounded.toFixed(2) + \" EUR\";\n  }\n  return \"$\" + rounded.toFixed(2);\n}\n",
+    ];
+    let lines: Vec<String> = [COPY.to_string()]
+        .into_iter()
+        .chain(code.iter().map(|c| {
+            format!("Here is some code.\n\n```\n{c}```\n\nTask: Rename `amount` to `value`. Change nothing else.\n\nHere is the full code with the change:\n\n```\n")
+        }))
+        .map(|prompt| request(&prompt, json!({"max_tokens": 48})))
+        .collect();
+    let alone: Vec<Value> = lines
+        .iter()
+        .map(|l| cmpl(&["--json", "--lookup", "0"]).stdin(l).run().json())
+        .collect();
+    let out = cmpl(&["--batch", "--verbose"])
+        .stdin(lines.join("\n"))
+        .run();
+    out.ok();
+    // More taken than one line alone could take (47 of its 48 tokens):
+    // the lines drafted while running together.
+    let (drafted, accepted) = drafts(&out.stderr);
+    assert!(
+        accepted > 47 && accepted <= drafted,
+        "{drafted} drafted, {accepted} accepted"
+    );
+    for (line, a) in out.stdout.lines().zip(&alone) {
+        let v: Value = serde_json::from_str(line).unwrap();
+        assert_eq!(v["usage"]["completion_tokens"], 48, "{line}");
+        assert_valid("CompletionResponse", &v);
+        follows_single_run(&v, a);
+    }
 }
 
 #[test]

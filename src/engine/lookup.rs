@@ -6,7 +6,8 @@
 //! the model took. Each drafter keeps an estimate of how often its draft
 //! tokens are taken and drafts only as long as that pays for the call's
 //! extra cost, so free text and sampled answers, which rarely repeat
-//! themselves, pay little.
+//! themselves, pay little. A draft the step does not take still teaches:
+//! the tokens that follow tell how much of it the model would have taken.
 
 use std::collections::HashMap;
 
@@ -37,11 +38,8 @@ pub const FORCED_TAKEN: f64 = 0.9;
 
 /// The estimate before any evidence: draft tokens taken 2 times in 3.
 const PRIOR: (f64, f64) = (2.0, 3.0);
-/// How much of the evidence a verification keeps (recent drafts count most),
-/// and how much a step without a draft keeps (so that a drafter that gave
-/// up drifts back to the prior and tries again).
+/// How much of the evidence a verification keeps (recent drafts count most).
 const KEEP_VERIFIED: f64 = 0.8;
-const KEEP_IDLE: f64 = 0.98;
 /// The least expected gain (tokens per unit of decode time, against 1
 /// without a draft) worth a draft: the costs above are one machine's, and a
 /// draft that barely pays there may not pay on another.
@@ -62,6 +60,18 @@ pub struct Drafter {
     /// taken, and the first one refused), decayed.
     taken: f64,
     tried: f64,
+    /// The offer a step did not draft, checked against the tokens that
+    /// follow it: evidence as good as a verification, for free.
+    shadow: Option<Shadow>,
+}
+
+/// An offer not drafted: where its tokens are in the text, how many, and
+/// how many of the tokens since have matched them.
+#[derive(Clone, Copy)]
+struct Shadow {
+    start: usize,
+    len: usize,
+    matched: usize,
 }
 
 impl Drafter {
@@ -73,6 +83,7 @@ impl Drafter {
             max,
             taken: 0.0,
             tried: 0.0,
+            shadow: None,
         };
         for &t in prompt {
             d.push(t);
@@ -82,6 +93,16 @@ impl Drafter {
 
     /// Appends a token of the text.
     pub fn push(&mut self, token: i32) {
+        if let Some(mut shadow) = self.shadow.take() {
+            if self.tokens[shadow.start + shadow.matched] != token {
+                self.verified(shadow.len, shadow.matched);
+            } else if shadow.matched + 1 == shadow.len {
+                self.verified(shadow.len, shadow.len);
+            } else {
+                shadow.matched += 1;
+                self.shadow = Some(shadow);
+            }
+        }
         let len = self.tokens.len();
         for (map, &n) in self.index.iter_mut().zip(&NGRAMS) {
             if len >= n {
@@ -96,6 +117,16 @@ impl Drafter {
     /// seen before), and the share of draft tokens it expects the model to
     /// take.
     pub fn offer(&self, limit: usize) -> Option<Offer<'_>> {
+        let (start, end) = self.continuation(limit)?;
+        Some(Offer {
+            tokens: &self.tokens[start..end],
+            taken: (self.taken + PRIOR.0) / (self.tried + PRIOR.1),
+            room: limit.min(self.max),
+        })
+    }
+
+    /// Where in the text the offer's tokens are.
+    fn continuation(&self, limit: usize) -> Option<(usize, usize)> {
         let len = self.tokens.len();
         let start = NGRAMS.iter().zip(&self.index).find_map(|(&n, map)| {
             (len >= n)
@@ -103,11 +134,7 @@ impl Drafter {
                 .flatten()
         })?;
         let start = *start as usize;
-        let end = start + (len - start).min(limit).min(self.max);
-        Some(Offer {
-            tokens: &self.tokens[start..end],
-            taken: (self.taken + PRIOR.0) / (self.tried + PRIOR.1),
-        })
+        Some((start, start + (len - start).min(limit).min(self.max)))
     }
 
     /// The most tokens a draft may have.
@@ -115,11 +142,27 @@ impl Drafter {
         self.max
     }
 
-    /// It offered a draft that the step did not take (not worth its cost):
-    /// the evidence fades, so that a drafter that gave up tries again.
-    pub fn skipped(&mut self) {
-        self.taken *= KEEP_IDLE;
-        self.tried *= KEEP_IDLE;
+    /// The step drafted nothing for this choice (not worth its cost): its
+    /// offer of at most `limit` tokens is checked against the tokens that
+    /// follow instead, unless an earlier one still is. So a drafter that
+    /// gave up drafts again once its offers are being followed.
+    pub fn skipped(&mut self, limit: usize) {
+        if self.shadow.is_none() {
+            self.shadow = self
+                .continuation(limit)
+                .filter(|(start, end)| end > start)
+                .map(|(start, end)| Shadow {
+                    start,
+                    len: end - start,
+                    matched: 0,
+                });
+        }
+    }
+
+    /// The step drafts for this choice: the draft's verification is the
+    /// evidence for the next tokens, not an offer still being checked.
+    pub fn drafted(&mut self) {
+        self.shadow = None;
     }
 
     /// Of a draft of `drafted` tokens, the model took the first `accepted`.
@@ -140,27 +183,37 @@ fn expected_tokens(p: f64, k: usize) -> f64 {
 }
 
 /// A choice's next draft, if the step takes it.
+#[derive(Clone, Copy)]
 pub struct Offer<'d> {
+    /// The tokens offered (none: the choice only fills its draft).
     pub tokens: &'d [i32],
     /// The expected share of draft tokens taken.
     pub taken: f64,
+    /// The most tokens its draft may have, filler included.
+    pub room: usize,
 }
 
 /// The draft length for a step whose running choices offer `offers`, all of
-/// which draft that many tokens (a single choice, or every slot alike): the
+/// which draft that many tokens (a single choice, or every slot alike), an
+/// offer shorter than that filled up with tokens expected to be refused
+/// (slots drafting alike go through llama.cpp in one pass): the
 /// length expected to give the most tokens per unit of decode time, at most
 /// `room` tokens in all; 0 when none gains enough over a step without.
 pub fn plan(offers: &[Offer], room: usize) -> usize {
     let seqs = offers.len();
-    let Some(shortest) = offers.iter().map(|o| o.tokens.len()).min() else {
+    let Some(longest) = offers.iter().map(|o| o.tokens.len()).max() else {
         return 0;
     };
+    let fits = offers.iter().map(|o| o.room).min().unwrap_or(0);
     let plain = call_cost(seqs) / seqs as f64;
     LENGTHS
         .iter()
-        .filter(|&&k| k <= shortest && seqs * k <= room)
+        .filter(|&&k| k <= longest && k <= fits && seqs * k <= room)
         .map(|&k| {
-            let tokens: f64 = offers.iter().map(|o| expected_tokens(o.taken, k)).sum();
+            let tokens: f64 = offers
+                .iter()
+                .map(|o| expected_tokens(o.taken, k.min(o.tokens.len())))
+                .sum();
             (k, tokens / call_cost(seqs * (1 + k)) * plain)
         })
         .filter(|&(_, gain)| gain > MIN_GAIN)
@@ -252,8 +305,7 @@ mod tests {
             d.verified(k, k);
         }
         assert_eq!(draft(&d, 15).len(), 15);
-        // Drafts refused at once: shorter ones, then none until the
-        // evidence fades.
+        // Drafts refused at once: shorter ones, then none.
         let refused = (0..100)
             .position(|_| {
                 let k = draft(&d, 15).len();
@@ -261,17 +313,34 @@ mod tests {
                 k == 0
             })
             .unwrap();
-        let idle = (0..1000).position(|_| {
-            let k = draft(&d, 15).len();
-            if k == 0 {
-                d.skipped();
-            }
-            k > 0
-        });
+        assert!(refused <= 12, "stops after {refused} refusals");
+        // Its offers are still checked against the text that follows them:
+        // once the text follows them again, it drafts again.
+        let steps = (0..100)
+            .position(|_| {
+                let Some(next) = d.offer(15).map(|o| o.tokens[0]) else {
+                    return true;
+                };
+                if !draft(&d, 15).is_empty() {
+                    return true;
+                }
+                d.skipped(15);
+                d.push(next);
+                false
+            })
+            .unwrap();
         assert!(
-            refused <= 12 && matches!(idle, Some(5..=100)),
-            "stops after {refused} refusals, drafts again after {idle:?} steps"
+            (2..=15).contains(&steps),
+            "drafts again after {steps} steps"
         );
+        // An offer the text leaves at once is evidence too.
+        let mut d = Drafter::new(&text, 15);
+        for _ in 0..40 {
+            let next = d.offer(15).map_or(1, |o| o.tokens[0] % 16 + 1);
+            d.skipped(15);
+            d.push(next);
+        }
+        assert!(draft(&d, 15).is_empty());
         // `--lookup` caps the length.
         let mut d = Drafter::new(&text, 5);
         for _ in 0..6 {
@@ -287,6 +356,7 @@ mod tests {
         let offer = |taken| Offer {
             tokens: &tokens,
             taken,
+            room: 15,
         };
         // Alone, a choice that expects most of a draft taken drafts long.
         assert!(plan(&[offer(0.95)], 512) >= 11);
@@ -299,18 +369,31 @@ mod tests {
             .map(|i| offer(if i < 3 { 0.1 } else { 0.95 }))
             .collect();
         assert_eq!(plan(&mixed, 512), 0);
-        // The batch's room bounds the drafts of all.
+        // The batch's room bounds the drafts of all, and so does the room
+        // of each (its budget).
         assert_eq!(plan(&[offer(0.95)], 8), 7);
-        // The shortest offer bounds the length.
-        let short = [1; 4];
+        let tight = Offer {
+            room: 2,
+            ..offer(0.95)
+        };
+        assert_eq!(plan(&[offer(0.95), tight], 512), 1);
+        // A shorter offer, or none, is filled up: it costs its rows and
+        // counts for what it offers.
+        let short = [1; 2];
         let two = [
             offer(0.95),
             Offer {
                 tokens: &short,
-                taken: 0.95,
+                ..offer(0.95)
             },
         ];
-        assert!(plan(&two, 512) <= 3);
+        assert_eq!(plan(&two, 512), 3);
+        let none = Offer {
+            tokens: &[],
+            ..offer(0.0)
+        };
+        assert!(plan(&[offer(0.95), none], 512) > 0);
+        assert_eq!(plan(&[none], 512), 0);
     }
 
     #[test]

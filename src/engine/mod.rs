@@ -22,7 +22,7 @@ use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
 use memory::KvShape;
-use scheduler::{Fed, Layout};
+use scheduler::{Fed, Layout, MIN_REUSE};
 use std::sync::atomic::AtomicBool;
 
 /// Sequences decoded together when `--parallel` is not given (fewer when
@@ -130,12 +130,6 @@ impl Backend for Engine {
         // Deterministic mode lays the cells out as the server does, a stream
         // per sequence (--ctx-size split among them), each stream whole.
         let exact = self.deterministic;
-        let (layout, shared) = if exact {
-            (Layout::PerSlot, false)
-        } else {
-            let widest = requests.iter().map(|r| r.n).max().unwrap_or(1);
-            (Layout::Shared, self.prefix_cache || widest > 1)
-        };
         // A job's choices always run together, even past --parallel; and no
         // more slots than there are choices in all.
         let slots_for = |parallel: u32, requests: &mut dyn Iterator<Item = u32>| {
@@ -160,8 +154,17 @@ impl Backend for Engine {
         if jobs.is_empty() {
             return Ok(());
         }
+        // Lines that share nothing get a stream each too (see
+        // `own_streams`); the others one pool, where they share cells.
+        let per_slot = exact || (opts.ctx_size.is_none() && own_streams(&jobs, self.prefix_cache));
+        let (layout, shared) = if per_slot {
+            (Layout::PerSlot, false)
+        } else {
+            let widest = jobs.iter().map(|(_, j)| j.request.n).max().unwrap_or(1);
+            (Layout::Shared, self.prefix_cache || widest > 1)
+        };
         let size = |p: u32| {
-            if exact {
+            if per_slot {
                 per_choice(&jobs).saturating_mul(p)
             } else {
                 context_cells(&jobs, p)
@@ -266,6 +269,32 @@ impl Engine {
         };
         self.decode_all(Vec::new(), &mut feed, shape, interrupted, sink)
     }
+}
+
+/// Whether a batch's lines run each in a KV stream of its own, as the
+/// server's slots do, rather than in one pool: where they share nothing.
+/// Each then attends to its own cells only (decoding 8% faster on a batch
+/// of nine here), and its refused drafts leave its own cells in order, so
+/// several lines draft at once (see `Run::drafts`). In one pool, lines with
+/// a prompt prefix in common share its cells, and a job's choices their
+/// prompt's; and a stream each is sized to the largest line, so lines of
+/// very unequal size fit a pool in less memory.
+fn own_streams(jobs: &[(usize, Job)], prefix_cache: bool) -> bool {
+    if jobs.iter().any(|(_, j)| j.request.n > 1) {
+        return false;
+    }
+    let sizes: Vec<u64> = jobs.iter().map(|(_, j)| u64::from(j.cells())).collect();
+    let largest = sizes.iter().copied().max().unwrap_or(0);
+    if 2 * largest * sizes.len() as u64 > 3 * sizes.iter().sum::<u64>() {
+        return false;
+    }
+    let mut prompts: Vec<&[LlamaToken]> = jobs.iter().map(|(_, j)| &j.tokens[..]).collect();
+    prompts.sort_unstable();
+    !prefix_cache
+        || prompts.windows(2).all(|w| {
+            let common = w[0].iter().zip(w[1]).take_while(|(a, b)| a == b).count();
+            common < MIN_REUSE
+        })
 }
 
 /// The KV cells of the largest choice: its prompt and its tokens.

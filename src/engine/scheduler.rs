@@ -6,6 +6,8 @@
 mod prompt;
 mod step;
 
+pub(super) use prompt::MIN_REUSE;
+
 use super::lookup::Drafter;
 use super::memory::KvShape;
 use super::prefix::PrefixIndex;

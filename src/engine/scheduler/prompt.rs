@@ -29,7 +29,7 @@ struct Prompted {
 /// another slot's whole stream does, and prompts that share no more than
 /// their first few tokens (a BOS, a word) lay their cells out exactly as
 /// they would alone.
-const MIN_REUSE: usize = 32;
+pub(in crate::engine) const MIN_REUSE: usize = 32;
 
 /// With echo, every prompt token is reported; with logprobs too, each is
 /// scored by the logits of the position before it (so evaluated).

@@ -60,7 +60,7 @@ impl Run<'_> {
         for (&seq, draft) in lonely.iter().zip(&drafts) {
             let Some(seq) = seq else { continue };
             let end = ctx.kv_cache_seq_pos_max(seq) + 1;
-            if end as usize + 1 + draft.len() > self.stream_cells {
+            if end as usize + 1 + draft.tokens.len() > self.stream_cells {
                 // A free slot whose kept cells leave the ballast no room.
                 self.forget(seq, ctx);
             }
@@ -68,15 +68,15 @@ impl Run<'_> {
         let mut ballast = Vec::new();
         for ((c, draft), &lone) in self.running.iter().zip(&drafts).zip(&lonely) {
             if let Some(state) = self.states.get_mut(&c.job) {
-                state.drafts.drafted += draft.len() as u32;
+                state.drafts.drafted += draft.offered as u32;
             }
             add(batch, c.next, c.pos, c.seq)?;
-            for (j, &token) in draft.iter().enumerate() {
+            for (j, &token) in draft.tokens.iter().enumerate() {
                 add(batch, token, c.pos + 1 + j as i32, c.seq)?;
             }
             if let Some(seq) = lone {
                 let pos = ctx.kv_cache_seq_pos_max(seq) + 1;
-                for j in 0..=draft.len() as i32 {
+                for j in 0..=draft.tokens.len() as i32 {
                     add(batch, c.next, pos + j, seq)?;
                 }
                 ballast.push((seq, pos, batch.n_tokens()));
@@ -92,7 +92,7 @@ impl Run<'_> {
         let mut ballast = ballast.into_iter().peekable();
         for (mut c, draft) in running.into_iter().zip(drafts) {
             let idx = first;
-            first += 1 + draft.len() as i32;
+            first += 1 + draft.tokens.len() as i32;
             // Past this choice's ballast, if it had one.
             if let Some((_, _, end)) = ballast.next_if(|&(seq, ..)| seq == c.seq + 1) {
                 first = end;
@@ -113,22 +113,8 @@ impl Run<'_> {
 
     /// This step's drafts, one per running choice (in order), as
     /// [`lookup::plan`] sizes them.
-    fn drafts(&mut self) -> Result<Vec<Vec<LlamaToken>>> {
+    fn drafts(&mut self) -> Result<Vec<Draft>> {
         let seqs = self.running.len();
-        let none = || vec![Vec::new(); seqs];
-        // Several choices draft together only with a stream per slot, and
-        // then all alike: llama.cpp splits a batch there into passes that
-        // take as many tokens from each sequence, so drafts of unequal
-        // lengths would cost a pass more than they save. In one shared
-        // cache, the cells a refused draft leaves are taken by the next
-        // tokens of whichever sequence comes first, so a sequence's cells
-        // would no longer lie in the order of its positions; llama.cpp's CPU
-        // flash attention sums them in cell order, in half precision, and
-        // the text would part from the plain run's far more often than
-        // near-ties do. There, drafting waits until one sequence is left.
-        if seqs > 1 && self.layout == Layout::Shared {
-            return Ok(none());
-        }
         // A draft never runs past the choice's budget, so its cells stay
         // within the ones the job was given. Where a constraint forces the
         // next text (a schema's next key), that text is the draft: the
@@ -153,38 +139,66 @@ impl Run<'_> {
             limits.push(limit);
             forced.push(draft);
         }
+        // Several choices draft together only with a stream per slot, and
+        // then all alike (a choice with a shorter offer, or none, fills its
+        // draft up): llama.cpp splits a batch there into passes that take
+        // as many tokens from each sequence, so drafts of unequal lengths
+        // would cost a pass more. In one shared cache, the cells a refused
+        // draft leaves are taken by the next tokens of whichever sequence
+        // comes first, so a sequence's cells would no longer lie in the
+        // order of its positions; llama.cpp's CPU flash attention sums them
+        // in cell order, in half precision, and the text would part from
+        // the plain run's far more often than near-ties do. There, drafting
+        // waits until one sequence is left.
+        let together = seqs == 1 || self.layout == Layout::PerSlot;
         let mut offers = Vec::with_capacity(seqs);
         for ((c, &limit), draft) in self.running.iter().zip(&limits).zip(&forced) {
-            if !draft.is_empty() {
-                offers.push(lookup::Offer {
+            let offer = if !draft.is_empty() {
+                Some(lookup::Offer {
                     tokens: draft,
                     taken: lookup::FORCED_TAKEN,
-                });
-                continue;
-            }
-            match c.drafter.as_ref().and_then(|d| d.offer(limit)) {
-                Some(offer) => offers.push(offer),
-                None => return Ok(none()),
-            }
+                    room: limit,
+                })
+            } else {
+                c.drafter.as_ref().and_then(|d| d.offer(limit))
+            };
+            offers.push(offer.unwrap_or(lookup::Offer {
+                tokens: &[],
+                taken: 0.0,
+                room: limit,
+            }));
         }
         // The batch holds one token per choice and the drafts (twice in
         // deterministic mode, with ballast), and there each stream's pass
         // stays under 64 tokens, where llama.cpp's attention would switch to
         // tiles that span several streams' rows.
-        let k = if self.exact {
-            lookup::plan(&offers, (self.batch_size / 2).saturating_sub(seqs)).min(62)
-        } else {
-            lookup::plan(&offers, self.batch_size.saturating_sub(seqs))
+        let k = match (together, self.exact) {
+            (false, _) => 0,
+            (true, true) => {
+                lookup::plan(&offers, (self.batch_size / 2).saturating_sub(seqs)).min(62)
+            }
+            (true, false) => lookup::plan(&offers, self.batch_size.saturating_sub(seqs)),
         };
-        let drafts: Vec<Vec<LlamaToken>> = offers
+        let drafts: Vec<Draft> = self
+            .running
             .iter()
-            .map(|o| o.tokens[..k].iter().map(|&t| LlamaToken(t)).collect())
+            .zip(&offers)
+            .map(|(c, o)| {
+                let offered = k.min(o.tokens.len());
+                let mut tokens: Vec<LlamaToken> =
+                    o.tokens[..offered].iter().map(|&t| LlamaToken(t)).collect();
+                tokens.resize(k, c.next);
+                Draft { tokens, offered }
+            })
             .collect();
-        if k == 0 {
-            self.running
-                .iter_mut()
-                .filter_map(|c| c.drafter.as_mut())
-                .for_each(lookup::Drafter::skipped);
+        for ((c, d), &limit) in self.running.iter_mut().zip(&drafts).zip(&limits) {
+            if let Some(drafter) = &mut c.drafter {
+                if d.offered > 0 && !c.forced {
+                    drafter.drafted();
+                } else if k == 0 {
+                    drafter.skipped(limit);
+                }
+            }
         }
         Ok(drafts)
     }
@@ -197,7 +211,7 @@ impl Run<'_> {
     fn verify(
         &mut self,
         mut c: ChoiceState,
-        draft: &[LlamaToken],
+        draft: &Draft,
         idx: i32,
         ctx: &mut LlamaContext,
         sink: &mut Sink,
@@ -210,7 +224,7 @@ impl Run<'_> {
                 return Ok(());
             };
             c = next;
-            if draft.get(taken) != Some(&c.next) {
+            if draft.tokens.get(taken) != Some(&c.next) {
                 break;
             }
             // The draft's token is already in the cache at `pos`.
@@ -219,16 +233,17 @@ impl Run<'_> {
             }
             taken += 1;
             c.pos += 1;
-            if let Some(state) = self.states.get_mut(&c.job) {
-                state.drafts.accepted += 1;
+            match self.states.get_mut(&c.job) {
+                Some(state) if taken <= draft.offered => state.drafts.accepted += 1,
+                _ => {}
             }
         }
-        if taken < draft.len() {
+        if taken < draft.tokens.len() {
             ctx.clear_kv_cache_seq(Some(c.seq as u32), Some(c.pos as u32), None)
                 .map_err(|e| CmplError::internal(format!("KV removal: {e}")))?;
         }
         if let (Some(d), false) = (&mut c.drafter, c.forced) {
-            d.verified(draft.len(), taken);
+            d.verified(draft.offered, taken.min(draft.offered));
         }
         self.running.push(c);
         Ok(())
@@ -396,4 +411,12 @@ pub(super) fn fill_logprobs(
         .into_iter()
         .map(|(id, lp)| (piece(id), lp))
         .collect();
+}
+
+/// A choice's draft for a step: the tokens decoded after its pending one,
+/// the first `offered` of them its offer, the rest filler (see
+/// [`lookup::plan`]).
+struct Draft {
+    tokens: Vec<LlamaToken>,
+    offered: usize,
 }
