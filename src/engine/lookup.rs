@@ -38,6 +38,10 @@ pub const FORCED_TAKEN: f64 = 0.9;
 
 /// The estimate before any evidence: draft tokens taken 2 times in 3.
 const PRIOR: (f64, f64) = (2.0, 3.0);
+/// Tokens of the text's end its offer's source must match for the offer to
+/// count as part of a copy.
+const COPYING: usize = 8;
+
 /// How much of the evidence a verification keeps (recent drafts count most).
 const KEEP_VERIFIED: f64 = 0.8;
 /// The least expected gain (tokens per unit of decode time, against 1
@@ -57,9 +61,14 @@ pub struct Drafter {
     /// The most tokens a draft may have (`--lookup`).
     max: usize,
     /// Draft tokens taken and draft tokens the model decided on (the ones
-    /// taken, and the first one refused), decayed.
-    taken: f64,
-    tried: f64,
+    /// taken, and the first one refused), decayed; apart for offers whose
+    /// source matches the text's last [`COPYING`] tokens or more (the text
+    /// is being copied: drafts there are taken whole far more often) and
+    /// for the others.
+    taken: [f64; 2],
+    tried: [f64; 2],
+    /// Which of the two the offer last drafted counts for.
+    drafting: usize,
     /// The offer a step did not draft, checked against the tokens that
     /// follow it: evidence as good as a verification, for free.
     shadow: Option<Shadow>,
@@ -72,6 +81,7 @@ struct Shadow {
     start: usize,
     len: usize,
     matched: usize,
+    kind: usize,
 }
 
 impl Drafter {
@@ -81,8 +91,9 @@ impl Drafter {
             tokens: Vec::with_capacity(prompt.len() + 64),
             index: Default::default(),
             max,
-            taken: 0.0,
-            tried: 0.0,
+            taken: [0.0; 2],
+            tried: [0.0; 2],
+            drafting: 0,
             shadow: None,
         };
         for &t in prompt {
@@ -94,6 +105,7 @@ impl Drafter {
     /// Appends a token of the text.
     pub fn push(&mut self, token: i32) {
         if let Some(mut shadow) = self.shadow.take() {
+            self.drafting = shadow.kind;
             if self.tokens[shadow.start + shadow.matched] != token {
                 self.verified(shadow.len, shadow.matched);
             } else if shadow.matched + 1 == shadow.len {
@@ -118,9 +130,10 @@ impl Drafter {
     /// take.
     pub fn offer(&self, limit: usize) -> Option<Offer<'_>> {
         let (start, end) = self.continuation(limit)?;
+        let b = self.kind(start);
         Some(Offer {
             tokens: &self.tokens[start..end],
-            taken: (self.taken + PRIOR.0) / (self.tried + PRIOR.1),
+            taken: (self.taken[b] + PRIOR.0) / (self.tried[b] + PRIOR.1),
             room: limit.min(self.max),
         })
     }
@@ -155,14 +168,29 @@ impl Drafter {
                     start,
                     len: end - start,
                     matched: 0,
+                    kind: self.kind(start),
                 });
         }
     }
 
-    /// The step drafts for this choice: the draft's verification is the
-    /// evidence for the next tokens, not an offer still being checked.
-    pub fn drafted(&mut self) {
+    /// The step drafts its offer of at most `limit` tokens for this choice:
+    /// the draft's verification is the evidence for the next tokens, not an
+    /// offer still being checked.
+    pub fn drafted(&mut self, limit: usize) {
         self.shadow = None;
+        if let Some((start, _)) = self.continuation(limit) {
+            self.drafting = self.kind(start);
+        }
+    }
+
+    /// Which evidence an offer starting at `start` counts for: 1 where the
+    /// text before it matches the text's end for [`COPYING`] tokens or more.
+    fn kind(&self, start: usize) -> usize {
+        let len = self.tokens.len();
+        let matched = (1..=COPYING.min(start))
+            .take_while(|&i| self.tokens[start - i] == self.tokens[len - i])
+            .count();
+        usize::from(matched >= COPYING)
     }
 
     /// Of a draft of `drafted` tokens, the model took the first `accepted`.
@@ -171,8 +199,9 @@ impl Drafter {
             return;
         }
         let decided = accepted + usize::from(accepted < drafted);
-        self.taken = self.taken * KEEP_VERIFIED + accepted as f64;
-        self.tried = self.tried * KEEP_VERIFIED + decided as f64;
+        let b = self.drafting;
+        self.taken[b] = self.taken[b] * KEEP_VERIFIED + accepted as f64;
+        self.tried[b] = self.tried[b] * KEEP_VERIFIED + decided as f64;
     }
 }
 
@@ -222,17 +251,14 @@ pub fn plan(offers: &[Offer], room: usize) -> usize {
 }
 
 /// The time of a decode call of `tokens` tokens against a call of one:
-/// measured up to 16, and past that each four rows cost about a quarter
-/// of a one-token call, and the rows past the last four as in the curve.
+/// measured up to 16; past that, each token about a quarter of a one-token
+/// call (`bench/lookup`'s curve for 8 sequences × 1..=17 tokens, a stream
+/// each: 2.9× at 8, 4.8× at 16, 8.7× at 32, 16.6× at 64, 34× at 128).
 fn call_cost(tokens: usize) -> f64 {
-    if let Some(&cost) = MEASURED.get(tokens) {
-        return cost;
+    match MEASURED.get(tokens) {
+        Some(&cost) => cost,
+        None => 0.7 + 0.26 * tokens as f64,
     }
-    let rest = match tokens % 4 {
-        0 => 0.0,
-        r => 0.85 + 0.25 * (r - 1) as f64,
-    };
-    0.8 + 0.23 * (tokens / 4 * 4) as f64 + rest
 }
 
 /// An n-gram (at most four tokens) as one hashable value.
@@ -302,6 +328,7 @@ mod tests {
         // Drafts taken whole: longer ones.
         for _ in 0..6 {
             let k = draft(&d, 15).len();
+            d.drafted(15);
             d.verified(k, k);
         }
         assert_eq!(draft(&d, 15).len(), 15);
@@ -309,6 +336,7 @@ mod tests {
         let refused = (0..100)
             .position(|_| {
                 let k = draft(&d, 15).len();
+                d.drafted(15);
                 d.verified(k, 0);
                 k == 0
             })
@@ -345,9 +373,33 @@ mod tests {
         let mut d = Drafter::new(&text, 5);
         for _ in 0..6 {
             let k = draft(&d, 15).len();
+            d.drafted(15);
             d.verified(k, k);
         }
         assert_eq!(draft(&d, 15).len(), 3);
+    }
+
+    #[test]
+    fn offers_inside_a_copy_are_judged_apart_from_chance_matches() {
+        // The text ends with sixteen tokens seen before: its offer is part
+        // of a copy. Chance matches refused throughout do not stop it.
+        let text: Vec<i32> = (1..=16).collect::<Vec<_>>().repeat(2);
+        let mut d = Drafter::new(&text, 15);
+        assert_eq!(d.kind(d.continuation(15).unwrap().0), 1);
+        for _ in 0..20 {
+            d.drafting = 0;
+            d.verified(7, 0);
+        }
+        assert_eq!(draft(&d, 15).len(), 3);
+        // Its own refusals do.
+        for _ in 0..20 {
+            d.drafted(15);
+            d.verified(7, 0);
+        }
+        assert!(draft(&d, 15).is_empty());
+        // Matching only its last few tokens, an offer is not a copy's.
+        let d = Drafter::new(&[9, 8, 7, 6, 5, 1, 2, 3, 4, 0, 0, 0, 0, 1, 2, 3, 4], 15);
+        assert_eq!(d.kind(d.continuation(15).unwrap().0), 0);
     }
 
     #[test]

@@ -273,8 +273,8 @@ impl Engine {
 
 /// Whether a batch's lines run each in a KV stream of its own, as the
 /// server's slots do, rather than in one pool: where they share nothing.
-/// Each then attends to its own cells only (decoding 8% faster on a batch
-/// of nine here), and its refused drafts leave its own cells in order, so
+/// Each then attends to its own cells only (decoding 2-8% faster on a
+/// batch of nine here), and its refused drafts leave its own cells in order, so
 /// several lines draft at once (see `Run::drafts`). In one pool, lines with
 /// a prompt prefix in common share its cells, and a job's choices their
 /// prompt's; and a stream each is sized to the largest line, so lines of

@@ -194,7 +194,7 @@ impl Run<'_> {
         for ((c, d), &limit) in self.running.iter_mut().zip(&drafts).zip(&limits) {
             if let Some(drafter) = &mut c.drafter {
                 if d.offered > 0 && !c.forced {
-                    drafter.drafted();
+                    drafter.drafted(limit);
                 } else if k == 0 {
                     drafter.skipped(limit);
                 }
