@@ -34,6 +34,20 @@ fn drafts(stderr: &str) -> (u32, u32) {
     (number(at + 1), number(at + 3))
 }
 
+/// Each line's answer alone with `--lookup 0`, and a `--batch --verbose`
+/// run of them all (which must succeed).
+fn alone_and_in_a_batch(lines: &[String]) -> (Vec<Value>, common::run::Output) {
+    let alone = lines
+        .iter()
+        .map(|l| cmpl(&["--json", "--lookup", "0"]).stdin(l).run().json())
+        .collect();
+    let out = cmpl(&["--batch", "--verbose"])
+        .stdin(lines.join("\n"))
+        .run();
+    out.ok();
+    (alone, out)
+}
+
 fn token_ids(v: &Value, choice: usize) -> Vec<Value> {
     v["choices"][choice]["logprobs"]["token_ids"]
         .as_array()
@@ -166,14 +180,7 @@ fn several_choices_batch_lines_and_server_requests_each_follow_lookup_0() {
         request(COPY, json!({"max_tokens": 24})),
         request(FREE, json!({"max_tokens": 16})),
     ];
-    let alone: Vec<Value> = lines
-        .iter()
-        .map(|l| cmpl(&["--json", "--lookup", "0"]).stdin(l).run().json())
-        .collect();
-    let out = cmpl(&["--batch", "--verbose"])
-        .stdin(lines.join("\n"))
-        .run();
-    out.ok();
+    let (alone, out) = alone_and_in_a_batch(&lines);
     assert!(drafts(&out.stderr).1 > 0, "{}", out.stderr);
     for (line, a) in out.stdout.lines().zip(&alone) {
         follows_single_run(&serde_json::from_str(line).unwrap(), a);
@@ -209,14 +216,7 @@ fn batch_lines_that_share_nothing_draft_together() {
         }))
         .map(|prompt| request(&prompt, json!({"max_tokens": 48})))
         .collect();
-    let alone: Vec<Value> = lines
-        .iter()
-        .map(|l| cmpl(&["--json", "--lookup", "0"]).stdin(l).run().json())
-        .collect();
-    let out = cmpl(&["--batch", "--verbose"])
-        .stdin(lines.join("\n"))
-        .run();
-    out.ok();
+    let (alone, out) = alone_and_in_a_batch(&lines);
     // More taken than one line alone could take (47 of its 48 tokens):
     // the lines drafted while running together.
     let (drafted, accepted) = drafts(&out.stderr);

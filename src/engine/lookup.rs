@@ -105,14 +105,13 @@ impl Drafter {
     /// Appends a token of the text.
     pub fn push(&mut self, token: i32) {
         if let Some(mut shadow) = self.shadow.take() {
-            self.drafting = shadow.kind;
-            if self.tokens[shadow.start + shadow.matched] != token {
-                self.verified(shadow.len, shadow.matched);
-            } else if shadow.matched + 1 == shadow.len {
-                self.verified(shadow.len, shadow.len);
-            } else {
-                shadow.matched += 1;
+            let followed = self.tokens[shadow.start + shadow.matched] == token;
+            shadow.matched += usize::from(followed);
+            if followed && shadow.matched < shadow.len {
                 self.shadow = Some(shadow);
+            } else {
+                self.drafting = shadow.kind;
+                self.verified(shadow.len, shadow.matched);
             }
         }
         let len = self.tokens.len();

@@ -115,6 +115,18 @@ impl Run<'_> {
     /// [`lookup::plan`] sizes them.
     fn drafts(&mut self) -> Result<Vec<Draft>> {
         let seqs = self.running.len();
+        // Several choices draft together only with a stream per slot, and
+        // then all alike (a choice with a shorter offer, or none, fills its
+        // draft up): llama.cpp splits a batch there into passes that take
+        // as many tokens from each sequence, so drafts of unequal lengths
+        // would cost a pass more. In one shared cache, the cells a refused
+        // draft leaves are taken by the next tokens of whichever sequence
+        // comes first, so a sequence's cells would no longer lie in the
+        // order of its positions; llama.cpp's CPU flash attention sums them
+        // in cell order, in half precision, and the text would part from
+        // the plain run's far more often than near-ties do. There, drafting
+        // waits until one sequence is left.
+        let together = seqs == 1 || self.layout == Layout::PerSlot;
         // A draft never runs past the choice's budget, so its cells stay
         // within the ones the job was given. Where a constraint forces the
         // next text (a schema's next key), that text is the draft: the
@@ -130,27 +142,15 @@ impl Run<'_> {
                 .ok_or_else(|| CmplError::internal("choice without a job"))?;
             let limit = (state.job.budget.saturating_sub(c.generated) as usize).saturating_sub(1);
             let draft = match &c.drafter {
-                Some(d) => c
+                Some(d) if together => c
                     .sampler
                     .forced_draft(|text| engine.tokenize_text(text), limit.min(d.max())),
-                None => Vec::new(),
+                _ => Vec::new(),
             };
             c.forced = !draft.is_empty();
             limits.push(limit);
             forced.push(draft);
         }
-        // Several choices draft together only with a stream per slot, and
-        // then all alike (a choice with a shorter offer, or none, fills its
-        // draft up): llama.cpp splits a batch there into passes that take
-        // as many tokens from each sequence, so drafts of unequal lengths
-        // would cost a pass more. In one shared cache, the cells a refused
-        // draft leaves are taken by the next tokens of whichever sequence
-        // comes first, so a sequence's cells would no longer lie in the
-        // order of its positions; llama.cpp's CPU flash attention sums them
-        // in cell order, in half precision, and the text would part from
-        // the plain run's far more often than near-ties do. There, drafting
-        // waits until one sequence is left.
-        let together = seqs == 1 || self.layout == Layout::PerSlot;
         let mut offers = Vec::with_capacity(seqs);
         for ((c, &limit), draft) in self.running.iter().zip(&limits).zip(&forced) {
             let offer = if !draft.is_empty() {
