@@ -1,7 +1,9 @@
 //! Prompt lookup: drafts for speculative decoding taken from the text
 //! itself. A choice's tokens so far (its prompt, then what it generated)
-//! are indexed by their n-grams; the draft is what followed the latest
-//! earlier occurrence of the n-gram the text now ends with. The scheduler
+//! are indexed by their n-grams; the draft is what followed an earlier
+//! occurrence of the n-gram the text now ends with: of its latest few, the
+//! one whose preceding tokens agree with the text's end the longest (a
+//! list item's opening words recur, the sentence it quotes does not). The scheduler
 //! verifies a draft in one decode call and tells the drafter how much of it
 //! the model took. Each drafter keeps an estimate of how often its draft
 //! tokens are taken and drafts only as long as that pays for the call's
@@ -36,11 +38,22 @@ const MEASURED: [f64; 17] = [
 /// model spells the forced text with other tokens.
 pub const FORCED_TAKEN: f64 = 0.9;
 
-/// The estimate before any evidence: draft tokens taken 2 times in 3.
-const PRIOR: (f64, f64) = (2.0, 3.0);
-/// Tokens of the text's end its offer's source must match for the offer to
-/// count as part of a copy.
-const COPYING: usize = 8;
+/// How far an offer's source agrees with the text's end, in tokens: the
+/// lower bounds of the classes an offer's evidence is kept apart by. The
+/// longer the agreement, the more likely the text is copying that source
+/// (drafts there are taken whole far more often than after a chance match).
+const AGREEING: [usize; 3] = [4, 8, 16];
+/// The estimate before any evidence, for each class: taken 2 times in 3
+/// after a 2- or 3-token match, 9 in 10 within a 16-token copy; worth
+/// [`PRIOR_WEIGHT`] draft tokens decided.
+const PRIOR: [f64; AGREEING.len() + 1] = [2.0 / 3.0, 0.75, 0.8, 0.9];
+const PRIOR_WEIGHT: f64 = 3.0;
+/// How many of an n-gram's latest occurrences are compared for the longest
+/// agreement, and how far back.
+const CANDIDATES: usize = 16;
+const AGREEMENT_CAP: usize = 64;
+/// No earlier occurrence.
+const NONE: u32 = u32::MAX;
 
 /// How much of the evidence a verification keeps (recent drafts count most).
 const KEEP_VERIFIED: f64 = 0.8;
@@ -58,16 +71,18 @@ pub struct Drafter {
     /// indexed only once its next token is known, so a lookup finds an
     /// earlier occurrence, never itself.
     index: [HashMap<u128, u32>; NGRAMS.len()],
+    /// For each length in [`NGRAMS`] and each index of the text: where the
+    /// n-gram ending just before it occurred last before ([`NONE`]), so an
+    /// n-gram's occurrences are a chain from the latest back.
+    earlier: [Vec<u32>; NGRAMS.len()],
     /// The most tokens a draft may have (`--lookup`).
     max: usize,
     /// Draft tokens taken and draft tokens the model decided on (the ones
-    /// taken, and the first one refused), decayed; apart for offers whose
-    /// source matches the text's last [`COPYING`] tokens or more (the text
-    /// is being copied: drafts there are taken whole far more often) and
-    /// for the others.
-    taken: [f64; 2],
-    tried: [f64; 2],
-    /// Which of the two the offer last drafted counts for.
+    /// taken, and the first one refused), decayed; apart for each class of
+    /// agreement ([`AGREEING`]) between the offer's source and the text.
+    taken: [f64; PRIOR.len()],
+    tried: [f64; PRIOR.len()],
+    /// Which class the offer last drafted counts for.
     drafting: usize,
     /// The offer a step did not draft, checked against the tokens that
     /// follow it: evidence as good as a verification, for free.
@@ -81,7 +96,7 @@ struct Shadow {
     start: usize,
     len: usize,
     matched: usize,
-    kind: usize,
+    class: usize,
 }
 
 impl Drafter {
@@ -90,9 +105,10 @@ impl Drafter {
         let mut d = Drafter {
             tokens: Vec::with_capacity(prompt.len() + 64),
             index: Default::default(),
+            earlier: Default::default(),
             max,
-            taken: [0.0; 2],
-            tried: [0.0; 2],
+            taken: [0.0; PRIOR.len()],
+            tried: [0.0; PRIOR.len()],
             drafting: 0,
             shadow: None,
         };
@@ -110,15 +126,16 @@ impl Drafter {
             if followed && shadow.matched < shadow.len {
                 self.shadow = Some(shadow);
             } else {
-                self.drafting = shadow.kind;
+                self.drafting = shadow.class;
                 self.verified(shadow.len, shadow.matched);
             }
         }
         let len = self.tokens.len();
-        for (map, &n) in self.index.iter_mut().zip(&NGRAMS) {
-            if len >= n {
-                map.insert(key(&self.tokens[len - n..]), len as u32);
-            }
+        for ((map, earlier), &n) in self.index.iter_mut().zip(&mut self.earlier).zip(&NGRAMS) {
+            let before = (len >= n)
+                .then(|| map.insert(key(&self.tokens[len - n..]), len as u32))
+                .flatten();
+            earlier.push(before.unwrap_or(NONE));
         }
         self.tokens.push(token);
     }
@@ -128,25 +145,55 @@ impl Drafter {
     /// seen before), and the share of draft tokens it expects the model to
     /// take.
     pub fn offer(&self, limit: usize) -> Option<Offer<'_>> {
-        let (start, end) = self.continuation(limit)?;
-        let b = self.kind(start);
+        let (start, end, class) = self.continuation(limit)?;
+        let prior = PRIOR[class] * PRIOR_WEIGHT;
         Some(Offer {
             tokens: &self.tokens[start..end],
-            taken: (self.taken[b] + PRIOR.0) / (self.tried[b] + PRIOR.1),
+            taken: (self.taken[class] + prior) / (self.tried[class] + PRIOR_WEIGHT),
             room: limit.min(self.max),
         })
     }
 
-    /// Where in the text the offer's tokens are.
-    fn continuation(&self, limit: usize) -> Option<(usize, usize)> {
+    /// Where in the text the offer's tokens are, and its class of
+    /// agreement: the longest n-gram the text ends with that occurred
+    /// before, and of its latest [`CANDIDATES`] occurrences the one whose
+    /// preceding tokens agree with the text's end the longest (the latest
+    /// of those).
+    fn continuation(&self, limit: usize) -> Option<(usize, usize, usize)> {
         let len = self.tokens.len();
-        let start = NGRAMS.iter().zip(&self.index).find_map(|(&n, map)| {
-            (len >= n)
-                .then(|| map.get(&key(&self.tokens[len - n..])))
-                .flatten()
-        })?;
-        let start = *start as usize;
-        Some((start, start + (len - start).min(limit).min(self.max)))
+        let latest =
+            NGRAMS
+                .iter()
+                .zip(&self.index)
+                .zip(&self.earlier)
+                .find_map(|((&n, map), earlier)| {
+                    let at = *(len >= n).then(|| map.get(&key(&self.tokens[len - n..])))??;
+                    Some((at, earlier))
+                });
+        let (mut at, earlier) = latest?;
+        let mut best = (self.agreement(at as usize), at as usize);
+        for _ in 1..CANDIDATES {
+            at = earlier[at as usize];
+            if at == NONE {
+                break;
+            }
+            let agreement = self.agreement(at as usize);
+            if agreement > best.0 {
+                best = (agreement, at as usize);
+            }
+        }
+        let (agreement, start) = best;
+        let class = AGREEING.iter().filter(|&&a| agreement >= a).count();
+        Some((start, start + (len - start).min(limit).min(self.max), class))
+    }
+
+    /// How many tokens before `start` agree with the text's end (at most
+    /// [`AGREEMENT_CAP`]).
+    fn agreement(&self, start: usize) -> usize {
+        let len = self.tokens.len();
+        (1..=AGREEMENT_CAP.min(start))
+            .take_while(|&i| self.tokens[start - i] == self.tokens[len - i])
+            .count()
     }
 
     /// The most tokens a draft may have.
@@ -162,12 +209,12 @@ impl Drafter {
         if self.shadow.is_none() {
             self.shadow = self
                 .continuation(limit)
-                .filter(|(start, end)| end > start)
-                .map(|(start, end)| Shadow {
+                .filter(|(start, end, _)| end > start)
+                .map(|(start, end, class)| Shadow {
                     start,
                     len: end - start,
                     matched: 0,
-                    kind: self.kind(start),
+                    class,
                 });
         }
     }
@@ -177,19 +224,9 @@ impl Drafter {
     /// offer still being checked.
     pub fn drafted(&mut self, limit: usize) {
         self.shadow = None;
-        if let Some((start, _)) = self.continuation(limit) {
-            self.drafting = self.kind(start);
+        if let Some((_, _, class)) = self.continuation(limit) {
+            self.drafting = class;
         }
-    }
-
-    /// Which evidence an offer starting at `start` counts for: 1 where the
-    /// text before it matches the text's end for [`COPYING`] tokens or more.
-    fn kind(&self, start: usize) -> usize {
-        let len = self.tokens.len();
-        let matched = (1..=COPYING.min(start))
-            .take_while(|&i| self.tokens[start - i] == self.tokens[len - i])
-            .count();
-        usize::from(matched >= COPYING)
     }
 
     /// Of a draft of `drafted` tokens, the model took the first `accepted`.
@@ -301,6 +338,22 @@ mod tests {
     }
 
     #[test]
+    fn offers_follow_the_occurrence_that_agrees_longest() {
+        // "1 2 3 4" twice before the text's end: after "7 8 9" (as the text
+        // ends) and, later, after "6 9". The older one agrees longer.
+        let text = [
+            7, 8, 9, 1, 2, 3, 4, 50, 51, 6, 9, 1, 2, 3, 4, 60, 61, 7, 8, 9, 1, 2, 3, 4,
+        ];
+        let d = Drafter::new(&text, 15);
+        assert_eq!(d.offer(2).unwrap().tokens, [50, 51]);
+        // Seven tokens agree: the class from four on.
+        assert_eq!(d.continuation(2).unwrap().2, 1);
+        // Where they agree alike, the latest.
+        let d = Drafter::new(&text[..text.len() - 3], 15);
+        assert_eq!(d.offer(2).unwrap().tokens, [2, 3]);
+    }
+
+    #[test]
     fn longer_ngrams_are_looked_up_first() {
         // "1 2" was followed by 3 and later by 8, but "5 1 2" only by 3.
         let text = [5, 1, 2, 3, 4, 6, 1, 2, 8, 8, 8, 5, 1, 2];
@@ -320,7 +373,9 @@ mod tests {
 
     #[test]
     fn drafts_as_long_as_the_taken_share_pays_for() {
-        let text: Vec<i32> = (1..=16).collect::<Vec<_>>().repeat(3);
+        // The text ends with "1 2 3", seen once before, at its start: a
+        // chance match (three tokens agree), with a long continuation.
+        let text: Vec<i32> = (1..=20).chain([50, 51, 1, 2, 3]).collect();
         let mut d = Drafter::new(&text, 15);
         // The prior (2 in 3 taken): a short draft.
         assert_eq!(draft(&d, 15).len(), 3);
@@ -342,7 +397,8 @@ mod tests {
             .unwrap();
         assert!(refused <= 12, "stops after {refused} refusals");
         // Its offers are still checked against the text that follows them:
-        // once the text follows them again, it drafts again.
+        // once the text follows them again (and agrees with their source
+        // longer), it drafts again.
         let steps = (0..100)
             .position(|_| {
                 let Some(next) = d.offer(15).map(|o| o.tokens[0]) else {
@@ -357,10 +413,11 @@ mod tests {
             })
             .unwrap();
         assert!(
-            (2..=15).contains(&steps),
+            (1..=15).contains(&steps),
             "drafts again after {steps} steps"
         );
         // An offer the text leaves at once is evidence too.
+        let text: Vec<i32> = (1..=16).collect::<Vec<_>>().repeat(3);
         let mut d = Drafter::new(&text, 15);
         for _ in 0..40 {
             let next = d.offer(15).map_or(1, |o| o.tokens[0] % 16 + 1);
@@ -369,6 +426,7 @@ mod tests {
         }
         assert!(draft(&d, 15).is_empty());
         // `--lookup` caps the length.
+        let text: Vec<i32> = (1..=20).chain([50, 51, 1, 2, 3]).collect();
         let mut d = Drafter::new(&text, 5);
         for _ in 0..6 {
             let k = draft(&d, 15).len();
@@ -381,24 +439,28 @@ mod tests {
     #[test]
     fn offers_inside_a_copy_are_judged_apart_from_chance_matches() {
         // The text ends with sixteen tokens seen before: its offer is part
-        // of a copy. Chance matches refused throughout do not stop it.
+        // of a copy, and drafts longer at once than a chance match (7
+        // tokens, where a chance match drafts 3). Chance matches refused
+        // throughout do not stop it.
         let text: Vec<i32> = (1..=16).collect::<Vec<_>>().repeat(2);
         let mut d = Drafter::new(&text, 15);
-        assert_eq!(d.kind(d.continuation(15).unwrap().0), 1);
+        assert_eq!(d.continuation(15).unwrap().2, 3);
         for _ in 0..20 {
             d.drafting = 0;
             d.verified(7, 0);
         }
-        assert_eq!(draft(&d, 15).len(), 3);
+        assert_eq!(draft(&d, 15).len(), 7);
         // Its own refusals do.
         for _ in 0..20 {
             d.drafted(15);
             d.verified(7, 0);
         }
         assert!(draft(&d, 15).is_empty());
-        // Matching only its last few tokens, an offer is not a copy's.
+        // Agreeing only in its last few tokens, an offer is not a copy's.
         let d = Drafter::new(&[9, 8, 7, 6, 5, 1, 2, 3, 4, 0, 0, 0, 0, 1, 2, 3, 4], 15);
-        assert_eq!(d.kind(d.continuation(15).unwrap().0), 0);
+        assert_eq!(d.continuation(15).unwrap().2, 1);
+        let d = Drafter::new(&[9, 8, 7, 6, 5, 1, 2, 3, 0, 0, 0, 0, 1, 2, 3], 15);
+        assert_eq!(d.continuation(15).unwrap().2, 0);
     }
 
     #[test]
