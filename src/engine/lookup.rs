@@ -161,16 +161,12 @@ impl Drafter {
     /// of those).
     fn continuation(&self, limit: usize) -> Option<(usize, usize, usize)> {
         let len = self.tokens.len();
-        let latest =
-            NGRAMS
-                .iter()
-                .zip(&self.index)
-                .zip(&self.earlier)
-                .find_map(|((&n, map), earlier)| {
-                    let at = *(len >= n).then(|| map.get(&key(&self.tokens[len - n..])))??;
-                    Some((at, earlier))
-                });
-        let (mut at, earlier) = latest?;
+        let (mut at, earlier) = NGRAMS.iter().zip(&self.index).zip(&self.earlier).find_map(
+            |((&n, map), earlier)| {
+                let gram = self.tokens.get(len.checked_sub(n)?..)?;
+                Some((*map.get(&key(gram))?, earlier))
+            },
+        )?;
         let mut best = (self.agreement(at as usize), at as usize);
         for _ in 1..CANDIDATES {
             at = earlier[at as usize];
@@ -286,14 +282,12 @@ pub fn plan(offers: &[Offer], room: usize) -> usize {
         .map_or(0, |(k, _)| k)
 }
 
-/// The time of a decode call of `tokens` tokens (of one sequence or
-/// several, a stream each: the count is what matters) against a call of
-/// one: measured up to 16; past that, the largest multiple of four costs a
-/// quarter of a one-token call a token (0.8 + 0.24 per token: `bench/lookup`'s
-/// curves for 4, 8, 18 and 36 sequences of 1..=17 tokens agree within 5%
-/// wherever the count is a multiple of four), and the tokens past it take
-/// the slow path, as past 12 in the measured curve (18 sequences × 1 token
-/// cost more than 16, and 18 × 2 only 1.6× that).
+/// The time of a decode call of `tokens` tokens against a call of one,
+/// whether one sequence's or several's (a stream each; measured for 4, 8,
+/// 18 and 36 sequences, the count is what matters, within 5%): the curve
+/// up to 16; past that, 0.8 + 0.24 a token up to the largest multiple of
+/// four, and the rest on the kernels' slow path, as past 12 in the curve
+/// (so 18 × 1 tokens cost more than 16, and 18 × 2 only 1.6× 18 × 1).
 fn call_cost(tokens: usize) -> f64 {
     if let Some(&cost) = MEASURED.get(tokens) {
         return cost;
