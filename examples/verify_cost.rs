@@ -17,7 +17,9 @@ use std::time::Instant;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let path = args.next().ok_or("usage: verify_cost MODEL [THREADS]")?;
+    let path = args
+        .next()
+        .ok_or("usage: verify_cost MODEL [THREADS] [SEQS]")?;
     let threads: i32 = args.next().map_or(Ok(2), |t| t.parse())?;
     let seqs: i32 = args.next().map_or(Ok(1), |t| t.parse())?;
     let mut backend = LlamaBackend::init()?;

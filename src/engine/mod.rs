@@ -288,13 +288,15 @@ fn own_streams(jobs: &[(usize, Job)], prefix_cache: bool) -> bool {
     if 2 * largest * sizes.len() as u64 > 3 * sizes.iter().sum::<u64>() {
         return false;
     }
+    if !prefix_cache {
+        return true;
+    }
     let mut prompts: Vec<&[LlamaToken]> = jobs.iter().map(|(_, j)| &j.tokens[..]).collect();
     prompts.sort_unstable();
-    !prefix_cache
-        || prompts.windows(2).all(|w| {
-            let common = w[0].iter().zip(w[1]).take_while(|(a, b)| a == b).count();
-            common < MIN_REUSE
-        })
+    prompts.windows(2).all(|w| {
+        let common = w[0].iter().zip(w[1]).take_while(|(a, b)| a == b).count();
+        common < MIN_REUSE
+    })
 }
 
 /// The KV cells of the largest choice: its prompt and its tokens.
