@@ -469,6 +469,9 @@ impl Cli {
                     .unwrap_or(READ_TIMEOUT),
             ),
         });
+        if remote.is_none() {
+            self.check_constraint()?;
+        }
         // A JSON request or a batch is answered in JSON, errors included.
         let json = self.json || self.request.is_some() || matches!(action, Action::Batch(_));
         Ok(Invocation {
@@ -605,6 +608,38 @@ impl Cli {
         };
         // Checked with the request it is written into, as a JSON field is.
         Ok(Some(c))
+    }
+
+    /// A structured-output flag that cannot be enforced is refused in the
+    /// flag's words, with the file where one holds it (a remote engine
+    /// says what it enforces in its own).
+    fn check_constraint(&self) -> Result<()> {
+        let Some(c) = self.constraint()? else {
+            return Ok(());
+        };
+        let Some(why) = crate::engine::unenforceable(&c) else {
+            return Ok(());
+        };
+        let file = |flag: &str, path: &Option<PathBuf>| {
+            path.as_ref().map(|p| format!("{flag} {}", p.display()))
+        };
+        let flag = file("--json-schema-file", &self.json_schema_file)
+            .or_else(|| file("--grammar-file", &self.grammar_file))
+            .unwrap_or_else(|| {
+                match c {
+                    Constraint::JsonSchema(_) => "--json-schema",
+                    Constraint::JsonObject => "--json-object",
+                    Constraint::Regex(_) => "--regex",
+                    Constraint::Choice(_) => "--choice",
+                    Constraint::Grammar(_) => "--grammar",
+                }
+                .to_string()
+            });
+        let (field, _) = c.to_field();
+        Err(CmplError::invalid(
+            field,
+            format!("`{flag}` holds {} that cannot be enforced: {why}", c.kind()),
+        ))
     }
 }
 

@@ -4,6 +4,7 @@
 //! tokens drawn. llguidance bounds the work of every mask ("fuel"), so a
 //! pathological grammar fails a request instead of stalling the loop.
 
+use super::bounds::{self, JsonText};
 use crate::constraint::Constraint;
 use crate::error::{CmplError, Result};
 use llama_cpp_2::model::LlamaModel;
@@ -150,6 +151,8 @@ impl Stats {
 pub struct Guides {
     factory: ParserFactory,
     ids: Arc<Renumbering>,
+    /// The pieces in llguidance's order, for the digit bound.
+    env: TokEnv,
     /// `CMPL_GUIDE_MASK_FIRST=1`: mask every token before drawing, as
     /// llama.cpp's grammar sampler does by default; for measurements and
     /// the test that sample-then-check changes no greedy answer.
@@ -179,6 +182,7 @@ impl Guides {
         Ok(Guides {
             factory,
             ids: Arc::new(ids),
+            env,
             mask_first: std::env::var_os("CMPL_GUIDE_MASK_FIRST").is_some_and(|v| v == "1"),
         })
     }
@@ -186,39 +190,58 @@ impl Guides {
     /// The matcher a request's choices start from; a constraint that is
     /// malformed or cannot be enforced is an invalid request.
     pub fn compile(&self, c: &Constraint) -> Result<Compiled> {
-        let (field, _) = c.to_field();
-        let refuse = |e: String| {
+        let matcher = self.matcher(c).map_err(|e| {
+            let (field, _) = c.to_field();
             CmplError::invalid(
                 field,
                 format!("`{field}` holds {} that cannot be enforced: {e}", c.kind()),
             )
-        };
+        })?;
+        Ok(Compiled {
+            matcher,
+            ids: self.ids.clone(),
+            env: self.env.clone(),
+            // JSON's bounds: a regex or grammar says its own.
+            json: matches!(c, Constraint::JsonSchema(_) | Constraint::JsonObject),
+            mask_first: self.mask_first,
+        })
+    }
+
+    /// `c`'s matcher, or why it cannot be enforced.
+    fn matcher(&self, c: &Constraint) -> std::result::Result<Matcher, String> {
         let grammar = match c {
             Constraint::JsonSchema(schema) => {
-                TopLevelGrammar::from_json_schema(json_options(schema))
+                TopLevelGrammar::from_json_schema(json_options(&bounds::close_objects(schema)))
             }
             Constraint::JsonObject => {
                 TopLevelGrammar::from_json_schema(json_options(&json!({"type": "object"})))
             }
             Constraint::Regex(rx) => TopLevelGrammar::from_regex(rx),
             Constraint::Choice(options) => TopLevelGrammar::from_regex(&alternatives(options)),
-            Constraint::Grammar(gbnf) => {
-                TopLevelGrammar::from_lark(crate::grammar::to_lark(gbnf).map_err(&refuse)?)
-            }
+            Constraint::Grammar(gbnf) => TopLevelGrammar::from_lark(crate::grammar::to_lark(gbnf)?),
         };
         let parser = self
             .factory
             .create_parser(grammar)
-            .map_err(|e| refuse(one_line(&e.to_string())))?;
+            .map_err(|e| one_line(&e.to_string()))?;
         let matcher = Matcher::new(Ok(parser));
         match matcher.get_error() {
-            Some(e) => Err(refuse(one_line(&e))),
-            None => Ok(Compiled {
-                matcher,
-                ids: self.ids.clone(),
-                mask_first: self.mask_first,
-            }),
+            Some(e) => Err(one_line(&e)),
+            None => Ok(matcher),
         }
+    }
+}
+
+/// Why `c` cannot be enforced, if it cannot: compiled over a vocabulary of
+/// single bytes, since what makes a constraint unenforceable is not the
+/// model's (so a flag is checked before any model loads).
+pub fn unenforceable(c: &Constraint) -> Option<String> {
+    let mut words: Vec<Vec<u8>> = (0..0xFFu8).map(|b| vec![b]).collect();
+    words.push(vec![0xFF, b'E']);
+    let end = words.len() as u32 - 1;
+    match Guides::new(words, &[end]) {
+        Ok(guides) => guides.matcher(c).err(),
+        Err(e) => Some(e.message),
     }
 }
 
@@ -267,6 +290,8 @@ fn alternatives(options: &[String]) -> String {
 pub struct Compiled {
     matcher: Matcher,
     ids: Arc<Renumbering>,
+    env: TokEnv,
+    json: bool,
     mask_first: bool,
 }
 
@@ -276,6 +301,8 @@ impl Compiled {
         Guide {
             matcher: self.matcher.clone(),
             ids: self.ids.clone(),
+            env: self.env.clone(),
+            json: self.json.then(JsonText::default),
             mask_first: self.mask_first,
         }
     }
@@ -285,6 +312,10 @@ impl Compiled {
 pub struct Guide {
     matcher: Matcher,
     ids: Arc<Renumbering>,
+    env: TokEnv,
+    /// Where the text is JSON, what it has written, for the bounds a schema
+    /// does not say (`engine/bounds.rs`).
+    json: Option<JsonText>,
     /// See [`Guides::mask_first`].
     pub mask_first: bool,
 }
@@ -294,7 +325,14 @@ impl Guide {
     /// text may end).
     pub fn allows(&mut self, token: u32) -> Result<bool> {
         let token = self.ids.trie(token);
-        Ok(self.matcher.validate_tokens(&[token]).map_err(failed)? == 1)
+        Ok(self.bounded(token) && self.matcher.validate_tokens(&[token]).map_err(failed)? == 1)
+    }
+
+    /// Whether llguidance's `token` keeps JSON's bounds.
+    fn bounded(&self, token: u32) -> bool {
+        self.json.as_ref().is_none_or(|j| {
+            (token as usize) < self.ids.to_model.len() && j.admits(self.env.tok_trie().token(token))
+        })
     }
 
     /// Every token the constraint takes next (the model's ids); never empty.
@@ -302,7 +340,17 @@ impl Guide {
         let started = Instant::now();
         let theirs = self.matcher.compute_mask_or_eos().map_err(failed)?;
         let mut mask = SimpleVob::alloc(self.ids.to_model.len());
-        theirs.iter_set_entries(|t| mask.allow_token(self.ids.to_model[t]));
+        theirs.iter_set_entries(|t| {
+            if self.bounded(t as u32) {
+                mask.allow_token(self.ids.to_model[t])
+            }
+        });
+        // Where the bounds leave nothing (a `const` of 20 digits, a loop
+        // inside an object whose required keys are still to come), the
+        // schema wins.
+        if mask.num_set() == 0 {
+            theirs.iter_set_entries(|t| mask.allow_token(self.ids.to_model[t]));
+        }
         STATS.masks.fetch_add(1, Relaxed);
         STATS
             .mask_us
@@ -315,7 +363,11 @@ impl Guide {
 
     pub fn consume(&mut self, token: u32) -> Result<()> {
         let token = self.ids.trie(token);
-        self.matcher.consume_token(token).map_err(failed)
+        self.matcher.consume_token(token).map_err(failed)?;
+        if let Some(j) = &mut self.json {
+            j.push(self.env.tok_trie().token(token));
+        }
+        Ok(())
     }
 
     /// The bytes the constraint allows next and nothing else (`", "size":
@@ -327,7 +379,21 @@ impl Guide {
     /// How many of `tokens`, in order, the constraint takes from here.
     pub fn valid_prefix(&mut self, tokens: &[u32]) -> usize {
         let tokens: Vec<u32> = tokens.iter().map(|&t| self.ids.trie(t)).collect();
-        self.matcher.validate_tokens(&tokens).unwrap_or(0)
+        let taken = self.matcher.validate_tokens(&tokens).unwrap_or(0);
+        let Some(mut j) = self.json.clone() else {
+            return taken;
+        };
+        let trie = self.env.tok_trie();
+        tokens[..taken]
+            .iter()
+            .take_while(|&&t| {
+                let bytes = trie.token(t);
+                j.admits(bytes) && {
+                    j.push(bytes);
+                    true
+                }
+            })
+            .count()
     }
 
     /// The text is complete: nothing may follow (not even an end token).

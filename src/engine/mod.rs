@@ -2,6 +2,7 @@
 //! tokenizing, sizing the context, and the decode loop; it reports
 //! [`Event`](crate::backend::Event)s and knows nothing of terminals or JSON.
 
+mod bounds;
 mod draw;
 mod guide;
 mod load;
@@ -12,6 +13,8 @@ mod prefix;
 mod sampler;
 mod scheduler;
 mod vector;
+
+pub use guide::unenforceable;
 
 use crate::backend::{Backend, Event, RunOptions, Sink};
 use crate::error::{CmplError, Result};

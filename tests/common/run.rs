@@ -25,6 +25,19 @@ pub fn model_path() -> PathBuf {
     .clone()
 }
 
+/// The second model, SmolLM2 135M Instruct (llama architecture, 49k
+/// vocabulary, a chat model), which `scripts/fetch-model` installs beside
+/// the test model: for what must hold on more than one model.
+pub fn second_model_path() -> PathBuf {
+    let path = model_path().with_file_name("SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.is_file(),
+        "the second model is missing at {}: run scripts/fetch-model",
+        path.display()
+    );
+    path
+}
+
 /// One cmpl process, started the way every test starts it: the test model
 /// as the default, no user config file, no NO_COLOR.
 pub struct Cmpl {
