@@ -18,22 +18,6 @@ use std::collections::HashMap;
 /// to be worth a verification on a large vocabulary's output layer.
 const NGRAMS: [usize; 3] = [4, 3, 2];
 
-/// The draft lengths used. llama.cpp's repacked CPU kernels multiply
-/// activations four rows at a time and take a slower path for the rest, so a
-/// call of 4, 8, 12 or 16 tokens costs less than one of 6 (see [`call_cost`]):
-/// a single sequence drafts 1 token, or as many as make a multiple of four
-/// with the token before them.
-const LENGTHS: [usize; 5] = [1, 3, 7, 11, 15];
-
-/// The time of a decode call of 1..=16 tokens, every position's logits kept,
-/// against a call of 1: `bench/lookup`'s curve on the test model, 2 threads,
-/// AVX-512 (a token past a multiple of four costs most: it takes the slow
-/// path alone).
-const MEASURED: [f64; 17] = [
-    0.0, 1.0, 1.37, 1.56, 1.71, 2.56, 2.82, 3.07, 2.63, 3.54, 3.76, 4.01, 3.55, 4.43, 4.67, 4.91,
-    4.42,
-];
-
 /// The share of a constraint's forced draft taken: all of it, unless the
 /// model spells the forced text with other tokens.
 pub const FORCED_TAKEN: f64 = 0.9;
@@ -58,8 +42,8 @@ const NONE: u32 = u32::MAX;
 /// How much of the evidence a verification keeps (recent drafts count most).
 const KEEP_VERIFIED: f64 = 0.8;
 /// The least expected gain (tokens per unit of decode time, against 1
-/// without a draft) worth a draft: the costs above are one machine's, and a
-/// draft that barely pays there may not pay on another.
+/// without a draft) worth a draft: the costs are measured, and noisy, and a
+/// draft that barely pays by them may not pay.
 const MIN_GAIN: f64 = 1.1;
 
 /// One choice's drafter.
@@ -260,17 +244,21 @@ pub struct Offer<'d> {
 /// (slots drafting alike go through llama.cpp in one pass): the
 /// length expected to give the most tokens per unit of decode time, at most
 /// `room` tokens in all; 0 when none gains enough over a step without.
-pub fn plan(offers: &[Offer], room: usize) -> usize {
+/// `call_cost(n)`: the time of a call of n tokens against a call of one,
+/// as measured where cmpl runs (`engine/costs.rs`).
+pub fn plan(offers: &[Offer], room: usize, call_cost: impl Fn(usize) -> f64) -> usize {
     let seqs = offers.len();
     let Some(longest) = offers.iter().map(|o| o.tokens.len()).max() else {
         return 0;
     };
     let fits = offers.iter().map(|o| o.room).min().unwrap_or(0);
     let plain = call_cost(seqs) / seqs as f64;
-    LENGTHS
-        .iter()
-        .filter(|&&k| k <= longest && k <= fits && seqs * k <= room)
-        .map(|&k| {
+    // Every length is weighed: where the curve has steps (llama.cpp's
+    // repacked CPU kernels take four rows at a time, so a call of 8 tokens
+    // can cost less than one of 6), the measured costs show them.
+    (1..=longest)
+        .filter(|&k| k <= fits && seqs * k <= room)
+        .map(|k| {
             let tokens: f64 = offers
                 .iter()
                 .map(|o| expected_tokens(o.taken, k.min(o.tokens.len())))
@@ -282,20 +270,6 @@ pub fn plan(offers: &[Offer], room: usize) -> usize {
         .map_or(0, |(k, _)| k)
 }
 
-/// The time of a decode call of `tokens` tokens against a call of one,
-/// whether one sequence's or several's (a stream each; measured for 4, 8,
-/// 18 and 36 sequences, the count is what matters, within 5%): the curve
-/// up to 16; past that, 0.8 + 0.24 a token up to the largest multiple of
-/// four, and the rest on the kernels' slow path, as past 12 in the curve
-/// (so 18 × 1 tokens cost more than 16, and 18 × 2 only 1.6× 18 × 1).
-fn call_cost(tokens: usize) -> f64 {
-    if let Some(&cost) = MEASURED.get(tokens) {
-        return cost;
-    }
-    let rest = tokens % 4;
-    0.8 + 0.24 * (tokens - rest) as f64 + (MEASURED[12 + rest] - MEASURED[12])
-}
-
 /// An n-gram (at most four tokens) as one hashable value.
 fn key(gram: &[i32]) -> u128 {
     gram.iter()
@@ -305,6 +279,23 @@ fn key(gram: &[i32]) -> u128 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One machine's curve (a 2-core Xeon, AVX-512, the test model): the
+    /// time of a call of 1..=16 tokens against a call of one.
+    const XEON: [f64; 17] = [
+        0.0, 1.0, 1.37, 1.56, 1.71, 2.56, 2.82, 3.07, 2.63, 3.54, 3.76, 4.01, 3.55, 4.43, 4.67,
+        4.91, 4.42,
+    ];
+
+    fn xeon(tokens: usize) -> f64 {
+        XEON.get(tokens)
+            .copied()
+            .unwrap_or(XEON[16] + 0.24 * (tokens - 16) as f64)
+    }
+
+    fn plan(offers: &[Offer], room: usize) -> usize {
+        super::plan(offers, room, xeon)
+    }
 
     /// The offered tokens, as a single choice would draft them.
     fn draft(d: &Drafter, limit: usize) -> Vec<i32> {
@@ -324,9 +315,9 @@ mod tests {
         // A later occurrence wins: "b c d" again, now followed by 7.
         let d = Drafter::new(&[1, 2, 3, 4, 5, 6, 2, 3, 4, 7, 8, 9, 2, 3, 4], 15);
         assert_eq!(draft(&d, 15), [7, 8, 9]);
-        // The limit, and a cheap length within it.
+        // The limit, and the length that pays most within it.
         assert_eq!(d.offer(2).unwrap().tokens, [7, 8]);
-        assert_eq!(draft(&d, 2), [7]);
+        assert_eq!(draft(&d, 2), [7, 8]);
         // Nothing seen before: no offer.
         assert!(Drafter::new(&[1, 2, 3, 4, 5], 15).offer(15).is_none());
         // The text's own end is not an earlier occurrence of itself.
@@ -509,16 +500,20 @@ mod tests {
     }
 
     #[test]
-    fn call_costs_follow_the_curve_and_grow_past_it() {
-        assert_eq!(call_cost(1), 1.0);
-        assert!(call_cost(8) < call_cost(7));
-        assert!(call_cost(16) < call_cost(17));
-        assert!(call_cost(32) > 2.0 * call_cost(8));
-        // Past 16, a multiple of four is cheap too: 18 sequences draft a
-        // token each at 1.6 times the cost of their step without.
-        assert!(call_cost(20) < call_cost(19));
-        let ratio = call_cost(36) / call_cost(18);
-        assert!((1.55..1.7).contains(&ratio), "{ratio}");
+    fn a_steeper_curve_drafts_shorter_and_a_flat_one_longer() {
+        let tokens = [1; 15];
+        let offer = Offer {
+            tokens: &tokens,
+            taken: 0.8,
+            room: 15,
+        };
+        let on = |cost: fn(usize) -> f64| super::plan(&[offer], 512, cost);
+        // Every extra token as dear as the first (no evidence): no draft.
+        assert_eq!(on(|n| n as f64), 0);
+        // A GPU's flat curve: about the longest draft.
+        assert!(on(|n| 1.0 + 0.01 * n as f64) >= 12);
+        // The Xeon's steps: a length that fills a multiple of four.
+        assert_eq!((on(xeon) + 1) % 4, 0);
         assert!(expected_tokens(0.5, 3) == 1.875);
     }
 }

@@ -3,6 +3,7 @@
 //! [`Event`](crate::backend::Event)s and knows nothing of terminals or JSON.
 
 mod bounds;
+mod costs;
 mod draw;
 mod guide;
 mod load;
@@ -86,6 +87,11 @@ pub struct Engine {
     /// Structured output's tokenizer trie, built at the first request
     /// that has a constraint, then shared by every other.
     guides: std::sync::OnceLock<std::result::Result<guide::Guides, CmplError>>,
+    /// What decode calls cost here (prompt lookup plans by it): loaded or
+    /// calibrated at the first run that may draft, then measured as it goes.
+    costs: std::sync::Mutex<Option<costs::Costs>>,
+    /// The machine, model and settings the costs are kept under.
+    costs_key: String,
     verbose: bool,
 }
 
@@ -203,6 +209,7 @@ impl Backend for Engine {
         };
         self.check_memory(shape)?;
         let done = self.decode_all(jobs, &mut |_, _| Ok(Fed::Closed), shape, interrupted, sink);
+        self.save_costs();
         if let (true, Some(line)) = (self.verbose, guide::STATS.line()) {
             eprintln!("cmpl: {line}");
         }
@@ -270,7 +277,9 @@ impl Engine {
                 Err(error) => sink(Event::Rejected { job, error })?,
             }
         };
-        self.decode_all(Vec::new(), &mut feed, shape, interrupted, sink)
+        let done = self.decode_all(Vec::new(), &mut feed, shape, interrupted, sink);
+        self.save_costs();
+        done
     }
 }
 
@@ -364,6 +373,7 @@ impl Engine {
         let window = info
             .arch_u64("attention.sliding_window")
             .map(|w| u32::try_from(w).unwrap_or(u32::MAX));
+        let costs_key = costs_key(path, opts, threads);
         Ok(Engine {
             model,
             backend,
@@ -378,8 +388,99 @@ impl Engine {
             gpu_layers: opts.n_gpu_layers,
             longest_piece: std::sync::OnceLock::new(),
             guides: std::sync::OnceLock::new(),
+            costs: std::sync::Mutex::new(None),
+            costs_key,
             verbose: opts.verbose,
         })
+    }
+
+    /// Lookup's call costs, loaded from the cache folder or calibrated
+    /// here where there are none yet (once per machine and model).
+    fn ensure_costs(&self) {
+        let mut costs = self.costs.lock().unwrap_or_else(|e| e.into_inner());
+        if costs.is_some() {
+            return;
+        }
+        let (found, how) = match costs::Costs::load(&self.costs_key) {
+            Some(c) if c.known() => (c, "as kept"),
+            _ => {
+                let started = std::time::Instant::now();
+                let mut c = self.calibrate();
+                c.changed = true;
+                let how = format!("calibrated in {} ms", started.elapsed().as_millis());
+                (c, if self.verbose { how.leak() } else { "" })
+            }
+        };
+        if self.verbose {
+            eprintln!(
+                "cmpl: call costs (× a one-token call), {how}: {}",
+                found.curve()
+            );
+        }
+        *costs = Some(found);
+    }
+
+    /// Times decode calls of a few sizes in a small context of their own.
+    fn calibrate(&self) -> costs::Costs {
+        let params = llama_cpp_2::context::params::LlamaContextParams::default()
+            .with_n_ctx(std::num::NonZeroU32::new(64))
+            .with_n_batch(32)
+            .with_n_ubatch(32)
+            .with_n_seq_max(1)
+            .with_n_threads(self.threads)
+            .with_n_threads_batch(self.threads);
+        let Ok(mut ctx) = self.model.new_context(&self.backend, params) else {
+            return costs::Costs::default();
+        };
+        let mut batch = llama_cpp_2::llama_batch::LlamaBatch::new(32, 1);
+        let token = LlamaToken(self.model.vocab().bos().0.max(0));
+        costs::Costs::calibrate(|n| {
+            batch.clear();
+            let added = (0..n).all(|i| batch.add(token, i as i32, &[0], true).is_ok());
+            let ok = added && ctx.decode(&mut batch).is_ok();
+            ctx.clear_kv_cache();
+            ok
+        })
+    }
+
+    /// A decode call of `tokens` tokens, every one's logits kept, took `secs`.
+    fn record_call(&self, tokens: usize, secs: f64) {
+        if let Some(c) = self
+            .costs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        {
+            c.record(tokens, secs);
+        }
+    }
+
+    /// The relative cost of a call of `tokens` tokens (see `costs`).
+    fn call_cost(&self, tokens: usize) -> f64 {
+        match self
+            .costs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            Some(c) => c.relative(tokens),
+            None => tokens as f64,
+        }
+    }
+
+    /// Keeps what this run measured for the next.
+    fn save_costs(&self) {
+        let mut costs = self.costs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = costs.as_mut().filter(|c| c.changed) {
+            c.save(&self.costs_key);
+            c.changed = false;
+            if self.verbose {
+                eprintln!(
+                    "cmpl: call costs (× a one-token call), measured here: {}",
+                    c.curve()
+                );
+            }
+        }
     }
 
     /// Whether llama.cpp found a GPU device to offload to.
@@ -535,6 +636,53 @@ impl Engine {
             token_logprob,
         })
     }
+}
+
+/// What the costs of a decode call depend on: the model file, the CPU and
+/// its instruction sets, the threads, and the settings that change which
+/// kernels run (GPU layers, repacking, deterministic mode).
+fn costs_key(path: &std::path::Path, opts: &LoadOptions, threads: i32) -> String {
+    use sha2::Digest;
+    let meta = std::fs::metadata(path).ok();
+    let modified = meta
+        .as_ref()
+        .and_then(|m| m.modified().ok())
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs());
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(str::to_string)
+        })
+        .unwrap_or_default();
+    let what = format!(
+        "{}|{}|{modified}|{cpu}|{}|{threads}|{:?}|{}|{}",
+        path.display(),
+        meta.map_or(0, |m| m.len()),
+        cpu_features().join(","),
+        opts.n_gpu_layers,
+        opts.repack,
+        opts.deterministic
+    );
+    let digest = sha2::Sha256::digest(what.as_bytes());
+    let name = path
+        .file_stem()
+        .map(|s| {
+            s.to_string_lossy()
+                .chars()
+                .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_' || *c == '.')
+                .collect::<String>()
+        })
+        .unwrap_or_default();
+    format!(
+        "{name}-{}",
+        digest[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    )
 }
 
 /// The instruction sets llama.cpp's CPU kernels were compiled for, as its

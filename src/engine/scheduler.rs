@@ -106,6 +106,9 @@ impl Engine {
         } else {
             (parallel, cells)
         };
+        if self.lookup > 0 {
+            self.ensure_costs();
+        }
         let params = LlamaContextParams::default()
             .with_n_ctx(NonZeroU32::new(cells))
             .with_n_batch(batch_size as u32)

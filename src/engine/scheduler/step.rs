@@ -82,7 +82,11 @@ impl Run<'_> {
                 ballast.push((seq, pos, batch.n_tokens()));
             }
         }
+        // Each step's size and time is evidence of what calls cost here.
+        let started = std::time::Instant::now();
         self.decode(ctx, batch)?;
+        self.engine
+            .record_call(batch.n_tokens() as usize, started.elapsed().as_secs_f64());
         for &(seq, pos, _) in &ballast {
             ctx.clear_kv_cache_seq(Some(seq as u32), Some(pos as u32), None)
                 .map_err(|e| CmplError::internal(format!("KV removal: {e}")))?;
@@ -172,12 +176,13 @@ impl Run<'_> {
         // deterministic mode, with ballast), and there each stream's pass
         // stays under 64 tokens, where llama.cpp's attention would switch to
         // tiles that span several streams' rows.
+        let cost = |n| engine.call_cost(n);
         let k = match (together, self.exact) {
             (false, _) => 0,
             (true, true) => {
-                lookup::plan(&offers, (self.batch_size / 2).saturating_sub(seqs)).min(62)
+                lookup::plan(&offers, (self.batch_size / 2).saturating_sub(seqs), cost).min(62)
             }
-            (true, false) => lookup::plan(&offers, self.batch_size.saturating_sub(seqs)),
+            (true, false) => lookup::plan(&offers, self.batch_size.saturating_sub(seqs), cost),
         };
         let drafts: Vec<Draft> = self
             .running

@@ -1,0 +1,269 @@
+//! What a decode call costs where cmpl runs: the time of a call of n tokens
+//! (each position's logits kept, as a draft's verification keeps them)
+//! against a call of one, for this model, threads and backend. Prompt
+//! lookup sizes its drafts by it, so it must be this machine's: the same
+//! 16-token call costs 4.4 one-token calls on one 2-core Xeon, 5.7 on an
+//! EPYC, 8.6 with a smaller model, and nothing like either on a GPU.
+//!
+//! Every decode step's size and time is evidence, recorded as it happens;
+//! before there is any, a short calibration (a few calls of 1 to 16 tokens
+//! in a context of its own) seeds it. The estimates are kept in cmpl's cache
+//! folder per model and machine, so the next run starts from them.
+
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Call sizes estimated one by one; past it, extrapolated.
+pub const SIZES: usize = 64;
+/// How many recent calls an estimate rests on: older evidence fades.
+const KEEP: f64 = 20.0;
+/// The most a single call moves an estimate (a factor): a call slowed by
+/// something else on the machine must not tilt it.
+const CLAMP: f64 = 1.5;
+/// The sizes calibrated first: the ones a lone choice's drafts use, and the
+/// kernels' fast (multiple of four) and slow paths beside them.
+const CALIBRATED: [usize; 10] = [1, 2, 3, 4, 5, 8, 9, 12, 13, 16];
+/// Calibration stops past this, whatever is left unmeasured (a large
+/// model's 16-token call can take a second on a CPU).
+const CALIBRATION_BUDGET: Duration = Duration::from_millis(1500);
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Costs {
+    /// Seconds of a call of n tokens (index n); 0 where none was measured.
+    secs: Vec<f64>,
+    /// Calls each estimate rests on (at most [`KEEP`]).
+    weight: Vec<f64>,
+    /// Recorded since loaded or saved.
+    pub changed: bool,
+}
+
+impl Default for Costs {
+    fn default() -> Costs {
+        Costs {
+            secs: vec![0.0; SIZES + 1],
+            weight: vec![0.0; SIZES + 1],
+            changed: false,
+        }
+    }
+}
+
+impl Costs {
+    /// A call of `tokens` tokens took `secs`.
+    pub fn record(&mut self, tokens: usize, secs: f64) {
+        if tokens == 0 || tokens > SIZES || !secs.is_finite() || secs <= 0.0 {
+            return;
+        }
+        let (s, w) = (&mut self.secs[tokens], &mut self.weight[tokens]);
+        if *w == 0.0 {
+            *s = secs;
+        } else {
+            *s += (secs.clamp(*s / CLAMP, *s * CLAMP) - *s) / (*w + 1.0);
+        }
+        *w = (*w + 1.0).min(KEEP);
+        self.changed = true;
+    }
+
+    /// Whether a one-token call has been measured (everything else is
+    /// relative to it).
+    pub fn known(&self) -> bool {
+        self.weight[1] > 0.0
+    }
+
+    /// The time of a call of `tokens` tokens against a call of one. Where a
+    /// size was not measured, the line through the nearest measured sizes
+    /// (past the largest, its slope from the two largest); with nothing
+    /// measured, `tokens` (as if each token cost a call: no draft pays).
+    pub fn relative(&self, tokens: usize) -> f64 {
+        match (self.time(tokens), self.time(1)) {
+            (Some(t), Some(one)) => t / one,
+            _ => tokens as f64,
+        }
+    }
+
+    fn time(&self, n: usize) -> Option<f64> {
+        let measured = |i: &usize| self.weight[*i] > 0.0;
+        if n <= SIZES && measured(&n) {
+            return Some(self.secs[n]);
+        }
+        let below: Vec<usize> = (1..n.min(SIZES + 1)).filter(measured).collect();
+        let above = (n + 1..=SIZES).find(measured);
+        let &lo = below.last()?;
+        // Past the largest size measured, the slope over its upper half
+        // (neighbours can sit on two sides of a kernel's step).
+        let far = below.iter().rev().find(|&&m| m <= lo / 2).or(below.first());
+        let slope = match (above, far) {
+            (Some(hi), _) => (self.secs[hi] - self.secs[lo]) / (hi - lo) as f64,
+            (None, Some(&lo2)) if lo2 < lo => (self.secs[lo] - self.secs[lo2]) / (lo - lo2) as f64,
+            // One size known: each further token as dear as the first.
+            _ => self.secs[lo] / lo as f64,
+        };
+        // A noisy pair can slope down; a token never costs less than nothing.
+        Some(self.secs[lo] + (n - lo) as f64 * slope.max(0.0))
+    }
+
+    /// `2:1.37 4:1.71 8:2.63 16:4.42`, the sizes lookup uses most, for
+    /// `--verbose` and `bench/lookup`.
+    pub fn curve(&self) -> String {
+        [2, 4, 8, 12, 16, 32]
+            .iter()
+            .map(|&n| format!("{n}:{:.2}", self.relative(n)))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// Times `decode(n)` (a call of `n` tokens) for the calibrated sizes,
+    /// after one call to warm up, while the budget lasts: the small ones,
+    /// cheap and noisy, the faster of two.
+    pub fn calibrate(mut decode: impl FnMut(usize) -> bool) -> Costs {
+        let mut costs = Costs::default();
+        let started = Instant::now();
+        if !decode(CALIBRATED[CALIBRATED.len() - 1]) {
+            return costs;
+        }
+        for &n in &CALIBRATED {
+            let mut best = f64::INFINITY;
+            for _ in 0..if n <= 4 { 2 } else { 1 } {
+                let t = Instant::now();
+                if !decode(n) {
+                    return costs;
+                }
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+            costs.record(n, best);
+            if started.elapsed() > CALIBRATION_BUDGET {
+                break;
+            }
+        }
+        costs
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({"version": 1, "secs": self.secs, "weight": self.weight})
+    }
+
+    /// Costs saved by [`Costs::to_json`]; `None` for anything else.
+    pub fn from_json(v: &Value) -> Option<Costs> {
+        if v.get("version")? != 1 {
+            return None;
+        }
+        let list = |key: &str| -> Option<Vec<f64>> {
+            let items = v.get(key)?.as_array()?;
+            let out: Vec<f64> = items.iter().filter_map(Value::as_f64).collect();
+            (out.len() == SIZES + 1 && out.iter().all(|x| x.is_finite() && *x >= 0.0))
+                .then_some(out)
+        };
+        Some(Costs {
+            secs: list("secs")?,
+            weight: list("weight")?.into_iter().map(|w| w.min(KEEP)).collect(),
+            changed: false,
+        })
+    }
+
+    /// Where the costs of the machine and model `key` names are kept.
+    pub fn file(key: &str) -> Option<PathBuf> {
+        let dirs = directories::ProjectDirs::from("", "", "cmpl")?;
+        Some(dirs.cache_dir().join("costs").join(format!("{key}.json")))
+    }
+
+    pub fn load(key: &str) -> Option<Costs> {
+        let text = std::fs::read_to_string(Costs::file(key)?).ok()?;
+        Costs::from_json(&serde_json::from_str(&text).ok()?)
+    }
+
+    /// Saves them (written beside, then renamed: a process reading at the
+    /// same time sees the old file or the new, whole). Best effort: a cache
+    /// that cannot be written only means measuring again.
+    pub fn save(&self, key: &str) {
+        let Some(path) = Costs::file(key) else {
+            return;
+        };
+        let Some(dir) = path.parent() else {
+            return;
+        };
+        let tmp = dir.join(format!("{key}.{}.tmp", std::process::id()));
+        let written = std::fs::create_dir_all(dir)
+            .and_then(|()| std::fs::write(&tmp, self.to_json().to_string()))
+            .and_then(|()| std::fs::rename(&tmp, &path));
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn from(points: &[(usize, f64)]) -> Costs {
+        let mut c = Costs::default();
+        for &(n, s) in points {
+            c.record(n, s);
+        }
+        c
+    }
+
+    #[test]
+    fn relative_costs_follow_what_was_measured() {
+        let c = from(&[(1, 0.010), (4, 0.020), (5, 0.030), (8, 0.028), (16, 0.048)]);
+        assert_eq!(c.relative(1), 1.0);
+        assert!((c.relative(4) - 2.0).abs() < 1e-9);
+        // The fast path at 8 shows: cheaper than 5.
+        assert!(c.relative(8) < c.relative(5));
+        // Between two measured sizes, the line through them.
+        assert!((c.relative(12) - 3.8).abs() < 1e-9);
+        // Past the largest, the slope over its upper half (8 to 16): 2.5 ms
+        // a token.
+        assert!((c.relative(32) - 8.8).abs() < 1e-9);
+        // Not the slope of the two largest, which can point down.
+        let c = from(&[(1, 0.010), (8, 0.030), (13, 0.050), (16, 0.046)]);
+        assert!((c.relative(32) - 7.8).abs() < 1e-9, "{}", c.relative(32));
+        // Nothing measured: every token a call, so no draft pays.
+        assert_eq!(Costs::default().relative(8), 8.0);
+    }
+
+    #[test]
+    fn one_slow_call_moves_an_estimate_a_little() {
+        let mut c = from(&[(1, 0.010); 10]);
+        c.record(1, 1.0);
+        assert!(c.secs[1] < 0.011, "{}", c.secs[1]);
+        // Many calls of a new speed move it all the way.
+        for _ in 0..200 {
+            c.record(1, 0.020);
+        }
+        assert!((c.secs[1] - 0.020).abs() < 1e-4);
+        c.record(SIZES + 1, 1.0);
+        c.record(2, f64::NAN);
+        assert_eq!(c.weight[2], 0.0);
+    }
+
+    #[test]
+    fn calibration_measures_each_size_and_stops_when_decoding_fails() {
+        let mut calls = Vec::new();
+        let c = Costs::calibrate(|n| {
+            calls.push(n);
+            std::thread::sleep(Duration::from_micros(200 * n as u64));
+            true
+        });
+        assert_eq!(calls.len(), 1 + CALIBRATED.len() + 4);
+        assert!(c.known());
+        assert!(c.relative(16) > c.relative(4));
+        let c = Costs::calibrate(|n| n != 3);
+        assert!(c.known());
+        assert_eq!(c.weight[3], 0.0);
+        assert_eq!(c.weight[4], 0.0);
+    }
+
+    #[test]
+    fn saved_costs_read_back_and_strangers_do_not() {
+        let c = from(&[(1, 0.01), (2, 0.013), (16, 0.05)]);
+        let back = Costs::from_json(&c.to_json()).unwrap();
+        assert_eq!(back.secs, c.secs);
+        assert_eq!(back.weight, c.weight);
+        assert!(Costs::from_json(&json!({"version": 2})).is_none());
+        assert!(Costs::from_json(&json!({"version": 1, "secs": [1], "weight": [1]})).is_none());
+        let mut bad = c.to_json();
+        bad["secs"][3] = json!(-1.0);
+        assert!(Costs::from_json(&bad).is_none());
+    }
+}
