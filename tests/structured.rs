@@ -36,6 +36,20 @@ fn batch(lines: &[Value]) -> Vec<Value> {
         .collect()
 }
 
+/// `text` parses as JSON and validates against the validator's schema.
+fn assert_validates(validator: &jsonschema::Validator, text: &str, what: &str) {
+    let value: Value =
+        serde_json::from_str(text).unwrap_or_else(|e| panic!("{what}: {text:?} is not JSON: {e}"));
+    let errors: Vec<String> = validator
+        .iter_errors(&value)
+        .map(|e| e.to_string())
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "{what}: {text} fails its schema: {errors:?}"
+    );
+}
+
 /// Realistic schemas, each with a prompt that asks for it.
 fn schemas() -> Vec<(&'static str, Value)> {
     vec![
@@ -159,16 +173,7 @@ fn schema_answers_validate_at_several_seeds_and_temperatures() {
                 continue;
             }
             stopped += 1;
-            let value: Value = serde_json::from_str(text)
-                .unwrap_or_else(|e| panic!("{asked}: {text:?} is not JSON: {e}"));
-            let errors: Vec<String> = validator
-                .iter_errors(&value)
-                .map(|e| e.to_string())
-                .collect();
-            assert!(
-                errors.is_empty(),
-                "{asked}: {text} fails its schema: {errors:?}"
-            );
+            assert_validates(&validator, text, &asked.to_string());
         }
     }
     assert!(
@@ -233,17 +238,7 @@ fn schemas_a_script_sends_finish_on_two_models() {
                     continue;
                 }
                 stopped += 1;
-                let value: Value = serde_json::from_str(text)
-                    .unwrap_or_else(|e| panic!("{}: {text:?} is not JSON: {e}", case["name"]));
-                let errors: Vec<String> = validator
-                    .iter_errors(&value)
-                    .map(|e| e.to_string())
-                    .collect();
-                assert!(
-                    errors.is_empty(),
-                    "{}: {text} fails: {errors:?}",
-                    case["name"]
-                );
+                assert_validates(&validator, text, &case["name"].to_string());
             }
         }
         assert_eq!(total, cases.len() * 3 * 4);

@@ -11,7 +11,7 @@
 //! themselves, pay little. A draft the step does not take still teaches:
 //! the tokens that follow tell how much of it the model would have taken.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 /// The n-gram lengths looked up, longest first: a longer match predicts
 /// better, a shorter one matches more often. Single tokens match too often
@@ -30,7 +30,17 @@ const AGREEING: [usize; 3] = [4, 8, 16];
 /// The estimate before any evidence, for each class: taken 2 times in 3
 /// after a 2- or 3-token match, 9 in 10 within a 16-token copy; worth
 /// [`PRIOR_WEIGHT`] draft tokens decided.
-const PRIOR: [f64; AGREEING.len() + 1] = [2.0 / 3.0, 0.75, 0.8, 0.9];
+/// Then the same classes for offers from earlier answers (see [`History`]),
+/// each its own evidence and a lower prior: another request's text is a
+/// weaker guide than the request's own.
+const PRIOR: [f64; 2 * CLASSES] = [2.0 / 3.0, 0.75, 0.8, 0.9, 0.5, 0.6, 0.7, 0.8];
+const CLASSES: usize = AGREEING.len() + 1;
+/// Between earlier answers and the request's own text in a drafter's: no
+/// token's id, so no n-gram or agreement runs across it.
+const BETWEEN: i32 = -1;
+/// Earlier answers kept for drafts, in tokens, and of each answer.
+const HISTORY_TOKENS: usize = 4096;
+const ANSWER_TOKENS: usize = 1024;
 const PRIOR_WEIGHT: f64 = 3.0;
 /// How many of an n-gram's latest occurrences are compared for the longest
 /// agreement, and how far back.
@@ -68,6 +78,10 @@ pub struct Drafter {
     tried: [f64; PRIOR.len()],
     /// Which class the offer last drafted counts for.
     drafting: usize,
+    /// Where the request's own text begins (earlier answers before it),
+    /// and its answer.
+    own: usize,
+    answer: usize,
     /// The offer a step did not draft, checked against the tokens that
     /// follow it: evidence as good as a verification, for free.
     shadow: Option<Shadow>,
@@ -85,9 +99,16 @@ struct Shadow {
 
 impl Drafter {
     /// A drafter over `prompt` whose drafts have at most `max` tokens.
+    #[cfg(test)]
     pub fn new(prompt: &[i32], max: usize) -> Drafter {
+        Drafter::with_history(&[], prompt, max)
+    }
+
+    /// A drafter over `prompt` that may also draft from `history`, earlier
+    /// answers ([`History::text`]).
+    pub fn with_history(history: &[i32], prompt: &[i32], max: usize) -> Drafter {
         let mut d = Drafter {
-            tokens: Vec::with_capacity(prompt.len() + 64),
+            tokens: Vec::with_capacity(history.len() + prompt.len() + 64),
             index: Default::default(),
             earlier: Default::default(),
             max,
@@ -95,11 +116,18 @@ impl Drafter {
             tried: [0.0; PRIOR.len()],
             drafting: 0,
             shadow: None,
+            own: history.len(),
+            answer: history.len() + prompt.len(),
         };
-        for &t in prompt {
+        for &t in history.iter().chain(prompt) {
             d.push(t);
         }
         d
+    }
+
+    /// What the request generated so far.
+    pub fn answer(&self) -> &[i32] {
+        &self.tokens[self.answer..]
     }
 
     /// Appends a token of the text.
@@ -163,8 +191,17 @@ impl Drafter {
             }
         }
         let (agreement, start) = best;
-        let class = AGREEING.iter().filter(|&&a| agreement >= a).count();
-        Some((start, start + (len - start).min(limit).min(self.max), class))
+        let mut class = AGREEING.iter().filter(|&&a| agreement >= a).count();
+        if start < self.own {
+            class += CLASSES;
+        }
+        let longest = (len - start).min(limit).min(self.max);
+        // An earlier answer's offer ends with that answer.
+        let end = self.tokens[start..start + longest]
+            .iter()
+            .position(|&t| t == BETWEEN)
+            .map_or(start + longest, |i| start + i);
+        Some((start, end, class))
     }
 
     /// How many tokens before `start` agree with the text's end (at most
@@ -218,6 +255,46 @@ impl Drafter {
         let b = self.drafting;
         self.taken[b] = self.taken[b] * KEEP_VERIFIED + accepted as f64;
         self.tried[b] = self.tried[b] * KEEP_VERIFIED + decided as f64;
+    }
+}
+
+/// Earlier answers of one model, for drafts (llama-server's `ngram-mod`
+/// keeps a pool of n-grams across requests, vLLM's suffix decoding a tree of
+/// earlier outputs): a batch or a server whose answers share a shape no
+/// prompt holds (a record per line turned into JSON) drafts it from the
+/// answers before. The latest answers, at most [`HISTORY_TOKENS`] in all
+/// (each its last [`ANSWER_TOKENS`]), oldest out. Drafts never change what
+/// is drawn: every token is the model's.
+#[derive(Default)]
+pub struct History {
+    answers: VecDeque<Vec<i32>>,
+    tokens: usize,
+}
+
+impl History {
+    pub fn add(&mut self, answer: &[i32]) {
+        let answer = &answer[answer.len().saturating_sub(ANSWER_TOKENS)..];
+        if answer.len() < NGRAMS[NGRAMS.len() - 1] + 1 {
+            return;
+        }
+        self.tokens += answer.len() + 1;
+        self.answers.push_back(answer.to_vec());
+        while self.tokens > HISTORY_TOKENS {
+            match self.answers.pop_front() {
+                Some(old) => self.tokens -= old.len() + 1,
+                None => break,
+            }
+        }
+    }
+
+    /// The answers, oldest first, each followed by [`BETWEEN`].
+    pub fn text(&self) -> Vec<i32> {
+        let mut text = Vec::with_capacity(self.tokens);
+        for a in &self.answers {
+            text.extend_from_slice(a);
+            text.push(BETWEEN);
+        }
+        text
     }
 }
 
@@ -497,6 +574,38 @@ mod tests {
         };
         assert!(plan(&[offer(0.95), none], 512) > 0);
         assert_eq!(plan(&[none], 512), 0);
+    }
+
+    #[test]
+    fn earlier_answers_are_drafted_from_and_kept_bounded() {
+        let mut h = History::default();
+        // An answer: a record's shape.
+        h.add(&[10, 11, 12, 13, 14, 15, 16, 17]);
+        let text = h.text();
+        assert_eq!(text.last(), Some(&BETWEEN));
+        // A new request's answer begins the same way: the earlier answer's
+        // continuation is offered, and ends where that answer ended.
+        let mut d = Drafter::with_history(&text, &[1, 2, 3], 15);
+        assert!(d.offer(15).is_none(), "the prompt is not in the history");
+        for t in [10, 11, 12] {
+            d.push(t);
+        }
+        assert_eq!(d.offer(15).unwrap().tokens, [13, 14, 15, 16, 17]);
+        assert_eq!(d.answer(), [10, 11, 12]);
+        // Its evidence is its own class's, with a lower prior.
+        let own = Drafter::new(&[10, 11, 12, 13, 14, 15, 16, 17, 10, 11, 12], 15);
+        assert!(d.offer(15).unwrap().taken < own.offer(15).unwrap().taken);
+        // Bounded: the oldest go first.
+        for i in 0..100 {
+            h.add(&[i; 100]);
+        }
+        assert!(h.tokens <= HISTORY_TOKENS);
+        assert_eq!(h.text().len(), h.tokens);
+        assert!(!h.text().contains(&10));
+        // Too short to draft from: not kept.
+        let before = h.tokens;
+        h.add(&[1, 2]);
+        assert_eq!(h.tokens, before);
     }
 
     #[test]

@@ -1,10 +1,30 @@
 //! The KV memory guard: a cache that would not fit is refused before
 //! llama.cpp tries to allocate it.
 
-use super::scheduler::{Layout, PROMPT_CHUNK};
 use super::Engine;
 use crate::error::{CmplError, Result};
 use crate::gguf::{GgufInfo, MetaValue};
+
+/// Prompt tokens per decode call (several jobs' prompts share one). Smaller
+/// when every position's logits are kept (echo with logprobs), since each
+/// costs a vocabulary of floats.
+pub(super) const PROMPT_CHUNK: usize = 512;
+
+/// How a run's KV cells are laid out among its sequences.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Layout {
+    /// One pool: a job's choices share its prompt's cells and one job may
+    /// take all of them, but every sequence's attention spans the cells of
+    /// all (llama.cpp's unified cache).
+    Shared,
+    /// An equal share of the cells per sequence, attended to by it alone
+    /// (one llama.cpp stream each): faster for many independent jobs. A
+    /// prompt is decoded on its job's first sequence and its stream copied
+    /// to the others'; llama.cpp then splits a batch into one pass per run
+    /// of consecutive sequence ids, so ids are taken lowest first and each
+    /// batch is ordered by them.
+    PerSlot,
+}
 
 /// A context's KV cache as llama.cpp will lay it out: `cells` in all, for
 /// `seqs` sequences, in one pool or one stream each.

@@ -92,6 +92,8 @@ pub struct Engine {
     costs: std::sync::Mutex<Option<costs::Costs>>,
     /// The machine, model and settings the costs are kept under.
     costs_key: String,
+    /// Earlier answers, for prompt lookup's drafts.
+    history: std::sync::Mutex<lookup::History>,
     verbose: bool,
 }
 
@@ -390,6 +392,7 @@ impl Engine {
             guides: std::sync::OnceLock::new(),
             costs: std::sync::Mutex::new(None),
             costs_key,
+            history: Default::default(),
             verbose: opts.verbose,
         })
     }
@@ -441,6 +444,22 @@ impl Engine {
             ctx.clear_kv_cache();
             ok
         })
+    }
+
+    /// Earlier answers, as a drafter takes them.
+    fn history(&self) -> Vec<i32> {
+        self.history
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .text()
+    }
+
+    /// A choice's answer, for the drafts of the ones after it.
+    fn remember(&self, answer: &[i32]) {
+        self.history
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .add(answer);
     }
 
     /// A decode call of `tokens` tokens, every one's logits kept, took `secs`.

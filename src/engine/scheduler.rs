@@ -10,6 +10,7 @@ pub(super) use prompt::MIN_REUSE;
 
 use super::lookup::Drafter;
 use super::memory::KvShape;
+pub(super) use super::memory::{Layout, PROMPT_CHUNK};
 use super::prefix::PrefixIndex;
 use super::{sampler, Engine, Job};
 use crate::backend::{ChoiceResult, Drafts, Event, Sink, TokenInfo};
@@ -24,10 +25,6 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Prompt tokens per decode call (several jobs' prompts share one). Smaller
-/// when every position's logits are kept (echo with logprobs), since each
-/// costs a vocabulary of floats.
-pub(super) const PROMPT_CHUNK: usize = 512;
 const PROMPT_CHUNK_ALL_LOGITS: usize = 32;
 
 struct ChoiceState {
@@ -48,22 +45,6 @@ struct ChoiceState {
     /// This step's draft is the text its constraint forces, not the
     /// drafter's (whose evidence it must not change).
     forced: bool,
-}
-
-/// How a run's KV cells are laid out among its sequences.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Layout {
-    /// One pool: a job's choices share its prompt's cells and one job may
-    /// take all of them, but every sequence's attention spans the cells of
-    /// all (llama.cpp's unified cache).
-    Shared,
-    /// An equal share of the cells per sequence, attended to by it alone
-    /// (one llama.cpp stream each): faster for many independent jobs. A
-    /// prompt is decoded on its job's first sequence and its stream copied
-    /// to the others'; llama.cpp then splits a batch into one pass per run
-    /// of consecutive sequence ids, so ids are taken lowest first and each
-    /// batch is ordered by them.
-    PerSlot,
 }
 
 struct JobState {
@@ -141,6 +122,7 @@ impl Engine {
                 )
             }),
             exact: shape.exact,
+            clock: Clock::default(),
         };
         let mut pending: VecDeque<(usize, Job)> = jobs.into();
         let mut open = true;
@@ -164,6 +146,9 @@ impl Engine {
                 }
             }
             if pending.is_empty() && run.running.is_empty() && !open {
+                if self.verbose {
+                    eprintln!("cmpl: {}", run.clock);
+                }
                 return Ok(());
             }
             // Admit waiting jobs, in order, while their slots and cells are
@@ -259,6 +244,35 @@ struct Run<'e> {
     /// each sequence is computed exactly as it would be alone: llama.cpp
     /// picks kernels and reduction orders by the shape of the whole pass.
     exact: bool,
+    /// Time in llama.cpp's decode calls, for `--verbose`.
+    clock: Clock,
+}
+
+/// Prompt tokens and the time their decode calls took; decode steps and
+/// theirs.
+#[derive(Default)]
+struct Clock {
+    prompt_tokens: usize,
+    prompt_secs: f64,
+    steps: usize,
+    step_secs: f64,
+}
+
+impl std::fmt::Display for Clock {
+    /// `prompt: 256 tokens in 0.231 s (1108 tok/s); decode: 128 calls in
+    /// 1.410 s`: the calls alone, as llama.cpp's own timings count them,
+    /// without loading, tokenizing or sampling.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "prompt: {} tokens in {:.3} s ({:.0} tok/s); decode: {} calls in {:.3} s",
+            self.prompt_tokens,
+            self.prompt_secs,
+            self.prompt_tokens as f64 / self.prompt_secs.max(1e-9),
+            self.steps,
+            self.step_secs
+        )
+    }
 }
 
 impl Run<'_> {
@@ -335,7 +349,15 @@ impl Run<'_> {
     /// for the prefix cache leave the batch no room after all (the pool
     /// counts them, so this should not happen), they go and the batch is
     /// tried once more. (A stream per slot holds one sequence's cells only.)
-    fn decode(&mut self, ctx: &mut LlamaContext, batch: &mut LlamaBatch) -> Result<()> {
+    /// Returns the seconds the call took; `prompt` counts them as prompt
+    /// evaluation's, else a decode step's.
+    fn decode(
+        &mut self,
+        ctx: &mut LlamaContext,
+        batch: &mut LlamaBatch,
+        prompt: bool,
+    ) -> Result<f64> {
+        let started = std::time::Instant::now();
         let mut outcome = ctx.decode(batch);
         if matches!(outcome, Err(DecodeError::NoKvCacheSlot)) && self.kept_cells() > 0 {
             let kept: Vec<i32> = self.free_seqs.iter().copied().collect();
@@ -345,9 +367,17 @@ impl Run<'_> {
             outcome = ctx.decode(batch);
         }
         outcome.map_err(|e| CmplError::internal(format!("llama.cpp decode failed: {e}")))?;
+        let secs = started.elapsed().as_secs_f64();
+        if prompt {
+            self.clock.prompt_tokens += batch.n_tokens() as usize;
+            self.clock.prompt_secs += secs;
+        } else {
+            self.clock.steps += 1;
+            self.clock.step_secs += secs;
+        }
         if let Some(prefix) = &mut self.prefix {
             prefix.flushed();
         }
-        Ok(())
+        Ok(secs)
     }
 }

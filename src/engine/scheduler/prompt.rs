@@ -328,7 +328,7 @@ impl Run<'_> {
         sink: &mut Sink,
     ) -> Result<()> {
         if batch.n_tokens() > 0 {
-            self.decode(ctx, batch)?;
+            self.decode(ctx, batch, true)?;
         }
         for (prompted, last) in ready.drain(..) {
             self.start(prompted, last, ctx, sink)?;
@@ -359,7 +359,7 @@ impl Run<'_> {
                     .map_err(|e| CmplError::internal(format!("batch: {e}")))?;
             }
             self.queued(&p.seqs, start + tokens.len());
-            self.decode(ctx, batch)?;
+            self.decode(ctx, batch, true)?;
             for j in 0..tokens.len() {
                 if let Some(info) = p.prompt.get_mut(start + j + 1) {
                     let logits = ctx.get_logits_ith(j as i32);
@@ -404,7 +404,8 @@ impl Run<'_> {
             }
         }
         let lookup = self.engine.lookup as usize;
-        let drafter = (lookup > 0).then(|| Drafter::new(&ids, lookup));
+        let drafter =
+            (lookup > 0).then(|| Drafter::with_history(&self.engine.history(), &ids, lookup));
         let mut choices = Vec::with_capacity(n as usize);
         for (i, &seq) in seqs.iter().enumerate() {
             let guide = job.guide.as_ref().map(guide::Compiled::guide);

@@ -83,10 +83,8 @@ impl Run<'_> {
             }
         }
         // Each step's size and time is evidence of what calls cost here.
-        let started = std::time::Instant::now();
-        self.decode(ctx, batch)?;
-        self.engine
-            .record_call(batch.n_tokens() as usize, started.elapsed().as_secs_f64());
+        let secs = self.decode(ctx, batch, false)?;
+        self.engine.record_call(batch.n_tokens() as usize, secs);
         for &(seq, pos, _) in &ballast {
             ctx.clear_kv_cache_seq(Some(seq as u32), Some(pos as u32), None)
                 .map_err(|e| CmplError::internal(format!("KV removal: {e}")))?;
@@ -348,6 +346,9 @@ impl Run<'_> {
         };
         // Finished: its sequence is freed once the job's cells are back in
         // the pool (so that its own can stay, with the prefix cache).
+        if let Some(d) = &c.drafter {
+            self.engine.remember(d.answer());
+        }
         state.choices[c.index as usize] = Some(ChoiceResult {
             index: c.index,
             seed: Some(u64::from(c.seed)),
