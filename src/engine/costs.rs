@@ -5,10 +5,14 @@
 //! 16-token call costs 4.4 one-token calls on one 2-core Xeon, 5.7 on an
 //! EPYC, 8.6 with a smaller model, and nothing like either on a GPU.
 //!
-//! Every decode step's size and time is evidence, recorded as it happens;
-//! before there is any, a short calibration (a few calls of 1 to 16 tokens
-//! in a context of its own) seeds it. The estimates are kept in cmpl's cache
-//! folder per model and machine, so the next run starts from them.
+//! Before there is any, a short calibration (a few calls of 1 to 16 tokens
+//! in a context of its own) measures it; the estimates are kept in cmpl's
+//! cache folder per model and machine. A run plans from the curve it found
+//! there, unchanged while it runs, so the same run drafts the same tokens
+//! (and computes the same numbers) every time; its own decode steps are
+//! evidence for the next, which keeps it only where it departs from the
+//! kept curve (see [`Costs::departs_from`]): timing noise does not move a
+//! settled curve, a changed machine or build does.
 
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -24,6 +28,10 @@ const CLAMP: f64 = 1.5;
 /// The sizes calibrated first: the ones a lone choice's drafts use, and the
 /// kernels' fast (multiple of four) and slow paths beside them.
 const CALIBRATED: [usize; 10] = [1, 2, 3, 4, 5, 8, 9, 12, 13, 16];
+/// What a run's own evidence must rest on, and how far it must depart from
+/// the kept curve, to replace it.
+const SETTLED: f64 = 10.0;
+const DEPARTS: f64 = 0.15;
 /// Calibration stops past this, whatever is left unmeasured (a large
 /// model's 16-token call can take a second on a CPU).
 const CALIBRATION_BUDGET: Duration = Duration::from_millis(1500);
@@ -100,6 +108,33 @@ impl Costs {
         };
         // A noisy pair can slope down; a token never costs less than nothing.
         Some(self.secs[lo] + (n - lo) as f64 * slope.max(0.0))
+    }
+
+    /// Whether this run's evidence departs from `kept`: a size measured at
+    /// least [`SETTLED`] times (and the one-token call too) whose relative
+    /// cost differs from the kept one by more than [`DEPARTS`].
+    pub fn departs_from(&self, kept: &Costs) -> bool {
+        self.weight[1] >= SETTLED
+            && (2..=SIZES).any(|n| {
+                self.weight[n] >= SETTLED
+                    && (self.relative(n) / kept.relative(n) - 1.0).abs() > DEPARTS
+            })
+    }
+
+    /// `kept` with the relative costs this run measured well enough.
+    pub fn merged_into(&self, kept: &Costs) -> Costs {
+        let mut merged = kept.clone();
+        if self.weight[1] < SETTLED || kept.weight[1] == 0.0 {
+            return merged;
+        }
+        for n in 2..=SIZES {
+            if self.weight[n] >= SETTLED {
+                merged.secs[n] = self.relative(n) * kept.secs[1];
+                merged.weight[n] = self.weight[n];
+            }
+        }
+        merged.changed = true;
+        merged
     }
 
     /// `2:1.37 4:1.71 8:2.63 16:4.42`, the sizes lookup uses most, for
@@ -235,6 +270,35 @@ mod tests {
         c.record(SIZES + 1, 1.0);
         c.record(2, f64::NAN);
         assert_eq!(c.weight[2], 0.0);
+    }
+
+    #[test]
+    fn a_run_replaces_the_kept_curve_only_where_it_departs() {
+        let kept = from(&[(1, 0.010), (4, 0.020), (16, 0.050)]);
+        // Noise: 4 tokens 10% dearer. Kept.
+        let run = from(
+            &[(1, 0.010); 12]
+                .iter()
+                .chain(&[(4, 0.022); 12])
+                .copied()
+                .collect::<Vec<_>>(),
+        );
+        assert!(!run.departs_from(&kept));
+        // A real change: 30% dearer, measured often enough.
+        let run = from(
+            &[(1, 0.010); 12]
+                .iter()
+                .chain(&[(4, 0.026); 12])
+                .copied()
+                .collect::<Vec<_>>(),
+        );
+        assert!(run.departs_from(&kept));
+        let merged = run.merged_into(&kept);
+        assert!((merged.relative(4) - 2.6).abs() < 1e-9);
+        assert!((merged.relative(16) - 5.0).abs() < 1e-9, "the rest as kept");
+        // Seen too seldom: not evidence enough.
+        let run = from(&[(1, 0.010), (4, 0.040)]);
+        assert!(!run.departs_from(&kept));
     }
 
     #[test]

@@ -87,9 +87,12 @@ pub struct Engine {
     /// Structured output's tokenizer trie, built at the first request
     /// that has a constraint, then shared by every other.
     guides: std::sync::OnceLock<std::result::Result<guide::Guides, CmplError>>,
-    /// What decode calls cost here (prompt lookup plans by it): loaded or
-    /// calibrated at the first run that may draft, then measured as it goes.
+    /// What decode calls cost here, as prompt lookup plans by it: loaded or
+    /// calibrated at the first run that may draft, then left as it is for
+    /// this process (so a run drafts the same every time).
     costs: std::sync::Mutex<Option<costs::Costs>>,
+    /// What this process's decode steps measured, for the next runs.
+    seen: std::sync::Mutex<costs::Costs>,
     /// The machine, model and settings the costs are kept under.
     costs_key: String,
     /// Earlier answers, for prompt lookup's drafts.
@@ -391,6 +394,7 @@ impl Engine {
             longest_piece: std::sync::OnceLock::new(),
             guides: std::sync::OnceLock::new(),
             costs: std::sync::Mutex::new(None),
+            seen: Default::default(),
             costs_key,
             history: Default::default(),
             verbose: opts.verbose,
@@ -464,14 +468,10 @@ impl Engine {
 
     /// A decode call of `tokens` tokens, every one's logits kept, took `secs`.
     fn record_call(&self, tokens: usize, secs: f64) {
-        if let Some(c) = self
-            .costs
+        self.seen
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .as_mut()
-        {
-            c.record(tokens, secs);
-        }
+            .record(tokens, secs);
     }
 
     /// The relative cost of a call of `tokens` tokens (see `costs`).
@@ -487,18 +487,34 @@ impl Engine {
         }
     }
 
-    /// Keeps what this run measured for the next.
+    /// Keeps a fresh calibration, and what this run measured where it
+    /// departs from the curve kept.
     fn save_costs(&self) {
         let mut costs = self.costs.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(c) = costs.as_mut().filter(|c| c.changed) {
-            c.save(&self.costs_key);
-            c.changed = false;
-            if self.verbose {
-                eprintln!(
-                    "cmpl: call costs (× a one-token call), measured here: {}",
-                    c.curve()
-                );
-            }
+        let Some(kept) = costs.as_mut() else {
+            return;
+        };
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let departs = seen.departs_from(kept);
+        if self.verbose && seen.known() {
+            let verdict = if departs {
+                "kept for the next runs"
+            } else {
+                "the kept curve stands"
+            };
+            eprintln!(
+                "cmpl: call costs (× a one-token call), measured here: {} ({verdict})",
+                seen.curve()
+            );
+        }
+        if kept.changed || departs {
+            let next = if departs {
+                seen.merged_into(kept)
+            } else {
+                kept.clone()
+            };
+            next.save(&self.costs_key);
+            kept.changed = false;
         }
     }
 
