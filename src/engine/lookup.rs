@@ -264,7 +264,8 @@ impl Drafter {
 /// prompt holds (a record per line turned into JSON) drafts it from the
 /// answers before. The latest answers, at most [`HISTORY_TOKENS`] in all
 /// (each its last [`ANSWER_TOKENS`]), oldest out. Drafts never change what
-/// is drawn: every token is the model's.
+/// is drawn: every token is the model's. Used in deterministic mode only,
+/// where drafts cannot change a number either (see `scheduler/prompt.rs`).
 #[derive(Default)]
 pub struct History {
     answers: VecDeque<Vec<i32>>,

@@ -404,8 +404,16 @@ impl Run<'_> {
             }
         }
         let lookup = self.engine.lookup as usize;
-        let drafter =
-            (lookup > 0).then(|| Drafter::with_history(&self.engine.history(), &ids, lookup));
+        // Earlier answers are drafted from only where drafts cannot change
+        // a number (deterministic mode): elsewhere a draft rounds a position
+        // a little differently, so the same greedy request would answer
+        // differently at a near-tie depending on what came before it.
+        let history = if self.exact {
+            self.engine.history()
+        } else {
+            Vec::new()
+        };
+        let drafter = (lookup > 0).then(|| Drafter::with_history(&history, &ids, lookup));
         let mut choices = Vec::with_capacity(n as usize);
         for (i, &seq) in seqs.iter().enumerate() {
             let guide = job.guide.as_ref().map(guide::Compiled::guide);

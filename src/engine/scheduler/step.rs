@@ -346,7 +346,7 @@ impl Run<'_> {
         };
         // Finished: its sequence is freed once the job's cells are back in
         // the pool (so that its own can stay, with the prefix cache).
-        if let Some(d) = &c.drafter {
+        if let (Some(d), true) = (&c.drafter, self.exact) {
             self.engine.remember(d.answer());
         }
         state.choices[c.index as usize] = Some(ChoiceResult {
