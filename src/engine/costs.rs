@@ -147,6 +147,20 @@ impl Costs {
             .join(" ")
     }
 
+    /// The sizes this run measured past one token, as `curve` writes them
+    /// (`none` where it drafted nothing).
+    pub fn measured(&self) -> String {
+        let sizes: Vec<String> = (2..=SIZES)
+            .filter(|&n| self.weight[n] > 0.0)
+            .map(|n| format!("{n}:{:.2}", self.relative(n)))
+            .collect();
+        if sizes.is_empty() {
+            "none".to_string()
+        } else {
+            sizes.join(" ")
+        }
+    }
+
     /// Times `decode(n)` (a call of `n` tokens) for the calibrated sizes,
     /// after one call to warm up, while the budget lasts: the small ones,
     /// cheap and noisy, the faster of two.

@@ -409,13 +409,13 @@ impl Engine {
             return;
         }
         let (found, how) = match costs::Costs::load(&self.costs_key) {
-            Some(c) if c.known() => (c, "as kept"),
+            Some(c) if c.known() => (c, "as kept".to_string()),
             _ => {
                 let started = std::time::Instant::now();
                 let mut c = self.calibrate();
                 c.changed = true;
-                let how = format!("calibrated in {} ms", started.elapsed().as_millis());
-                (c, if self.verbose { how.leak() } else { "" })
+                let ms = started.elapsed().as_millis();
+                (c, format!("calibrated in {ms} ms"))
             }
         };
         if self.verbose {
@@ -504,7 +504,7 @@ impl Engine {
             };
             eprintln!(
                 "cmpl: call costs (× a one-token call), measured here: {} ({verdict})",
-                seen.curve()
+                seen.measured()
             );
         }
         if kept.changed || departs {
