@@ -469,13 +469,16 @@ impl Cli {
                     .unwrap_or(READ_TIMEOUT),
             ),
         });
-        if remote.is_none() {
-            self.check_constraint()?;
+        // Read once (a file flag's file too), checked here for a local
+        // engine, written into the request below.
+        let constraint = self.constraint()?;
+        if let (None, Some(c)) = (&remote, &constraint) {
+            self.check_constraint(c)?;
         }
         // A JSON request or a batch is answered in JSON, errors included.
         let json = self.json || self.request.is_some() || matches!(action, Action::Batch(_));
         Ok(Invocation {
-            flags: self.request_fields()?,
+            flags: self.request_fields(constraint)?,
             input: InputSource {
                 prompt: self.prompt,
                 request_file: self.request,
@@ -501,7 +504,7 @@ impl Cli {
 
     /// The request fields given as flags, as JSON values, so they meet the
     /// same checks as a JSON request. (PROMPT is input, not a field flag.)
-    fn request_fields(&self) -> Result<RawRequest> {
+    fn request_fields(&self, constraint: Option<Constraint>) -> Result<RawRequest> {
         let mut raw = RawRequest::default();
         let mut put = |key: &str, value: Option<Value>| {
             if let Some(v) = value {
@@ -562,7 +565,7 @@ impl Cli {
             }
             put("logit_bias", Some(Value::Object(map)));
         }
-        if let Some(c) = self.constraint()? {
+        if let Some(c) = constraint {
             let (field, value) = c.to_field();
             put(field, Some(value));
         }
@@ -613,11 +616,8 @@ impl Cli {
     /// A structured-output flag that cannot be enforced is refused in the
     /// flag's words, with the file where one holds it (a remote engine
     /// says what it enforces in its own).
-    fn check_constraint(&self) -> Result<()> {
-        let Some(c) = self.constraint()? else {
-            return Ok(());
-        };
-        let Some(why) = crate::engine::unenforceable(&c) else {
+    fn check_constraint(&self, c: &Constraint) -> Result<()> {
+        let Some(why) = crate::engine::unenforceable(c) else {
             return Ok(());
         };
         let file = |flag: &str, path: &Option<PathBuf>| {

@@ -174,6 +174,52 @@ pub struct JsonText {
 pub const LOOP_BYTES: usize = 40;
 const MAX_PERIOD: usize = 128;
 
+/// What one byte of JSON text does, inside the innermost open thing.
+#[derive(Clone, Copy, PartialEq)]
+enum Byte {
+    /// In a string: a character of it, the backslash of an escape, the one
+    /// escaped.
+    Text,
+    Escape,
+    Escaped,
+    /// Outside strings.
+    Digit,
+    Space,
+    /// Opens a string, an array or an object.
+    Open,
+    /// Closes the innermost one.
+    Close,
+    Other,
+}
+
+impl Byte {
+    /// `b` read inside `kind` (`"`, `[`, `{`, or 0 at the top), after an
+    /// escape or not.
+    fn of(kind: u8, escaped: bool, b: u8) -> Byte {
+        match (kind, escaped, b) {
+            (b'"', true, _) => Byte::Escaped,
+            (b'"', false, b'\\') => Byte::Escape,
+            (b'"', false, b'"') => Byte::Close,
+            (b'"', false, _) => Byte::Text,
+            (_, _, b'0'..=b'9') => Byte::Digit,
+            (_, _, b' ' | b'\n' | b'\r' | b'\t') => Byte::Space,
+            (_, _, b'"' | b'[' | b'{') => Byte::Open,
+            (b'[' | b'{', _, b']' | b'}') => Byte::Close,
+            _ => Byte::Other,
+        }
+    }
+
+    /// Whether the next byte is escaped, and the run of digits the text
+    /// ends with, after this byte.
+    fn after(self, run: u8) -> (bool, u8) {
+        match self {
+            Byte::Escape => (true, 0),
+            Byte::Digit => (false, run.saturating_add(1)),
+            _ => (false, 0),
+        }
+    }
+}
+
 impl JsonText {
     /// Whether `bytes` may come next: no digit run past [`MAX_DIGITS`] and,
     /// while a looping container must close, nothing but what closes it.
@@ -196,42 +242,27 @@ impl JsonText {
                 None => 0,
             };
             let must_close = closing.is_some_and(|c| depth >= c);
-            let mut pop = false;
-            if kind == b'"' {
-                match (escaped, b) {
-                    (true, _) => escaped = false,
-                    (false, b'"') => pop = true,
-                    _ if must_close => return false,
-                    (false, b'\\') => escaped = true,
-                    _ => {}
-                }
-            } else if b.is_ascii_digit() {
-                run += 1;
-                if run > MAX_DIGITS || must_close {
-                    return false;
-                }
-            } else {
-                run = 0;
-                match b {
-                    b' ' | b'\n' | b'\r' | b'\t' => {}
-                    b']' | b'}' if depth > 0 => pop = true,
-                    _ if must_close => return false,
-                    b'"' | b'[' | b'{' => {
-                        pushed.push(b);
-                        depth += 1;
+            let byte = Byte::of(kind, escaped, b);
+            (escaped, run) = byte.after(run);
+            match byte {
+                Byte::Close => {
+                    depth -= 1;
+                    closing = closing.filter(|&c| depth >= c);
+                    if depth < base {
+                        base = depth;
+                        pushed.clear();
+                    } else {
+                        pushed.truncate(depth - base);
                     }
-                    _ => {}
                 }
-            }
-            if pop {
-                depth -= 1;
-                closing = closing.filter(|&c| depth >= c);
-                if depth < base {
-                    base = depth;
-                    pushed.clear();
-                } else {
-                    pushed.truncate(depth - base);
+                Byte::Space | Byte::Escaped => {}
+                _ if must_close => return false,
+                Byte::Digit if run > MAX_DIGITS => return false,
+                Byte::Open => {
+                    pushed.push(b);
+                    depth += 1;
                 }
+                Byte::Text | Byte::Escape | Byte::Digit | Byte::Other => {}
             }
         }
         true
@@ -243,26 +274,14 @@ impl JsonText {
             return;
         }
         for &b in bytes {
-            if self.stack.last() == Some(&b'"') {
-                match (self.escaped, b) {
-                    (true, _) => self.escaped = false,
-                    (false, b'"') => {
-                        self.stack.pop();
-                    }
-                    (false, b'\\') => self.escaped = true,
-                    _ => {}
+            let byte = Byte::of(self.stack.last().copied().unwrap_or(0), self.escaped, b);
+            (self.escaped, self.run) = byte.after(self.run);
+            match byte {
+                Byte::Open => self.stack.push(b),
+                Byte::Close => {
+                    self.stack.pop();
                 }
-            } else if b.is_ascii_digit() {
-                self.run = self.run.saturating_add(1);
-            } else {
-                self.run = 0;
-                match b {
-                    b'"' | b'[' | b'{' => self.stack.push(b),
-                    b']' | b'}' => {
-                        self.stack.pop();
-                    }
-                    _ => {}
-                }
+                _ => {}
             }
             self.text.push(b);
             self.depths.push(self.stack.len() as u16);
