@@ -68,7 +68,33 @@ pub enum Event<'a> {
     Done { job: usize, result: JobResult },
 }
 
-impl Event<'_> {
+impl<'a> Event<'a> {
+    /// The same event about job `job`.
+    pub fn for_job(self, job: usize) -> Event<'a> {
+        match self {
+            Event::Rejected { error, .. } => Event::Rejected { job, error },
+            Event::Started { prompt, seeds, .. } => Event::Started { job, prompt, seeds },
+            Event::Token {
+                choice,
+                seed,
+                token,
+                text,
+                finish,
+                usage,
+                ..
+            } => Event::Token {
+                job,
+                choice,
+                seed,
+                token,
+                text,
+                finish,
+                usage,
+            },
+            Event::Done { result, .. } => Event::Done { job, result },
+        }
+    }
+
     /// The job the event is about.
     pub fn job(&self) -> usize {
         match self {
@@ -81,7 +107,7 @@ impl Event<'_> {
 }
 
 /// Why a choice ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Finish {
     /// A stop sequence matched.
     Stop,
@@ -92,14 +118,16 @@ pub enum Finish {
 }
 
 /// Tokens counted for usage.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Counts {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
 }
 
-/// One token as the outputs show it.
-#[derive(Debug, Clone, PartialEq)]
+/// One token as the outputs show it. (A resident sends it with its floats
+/// as bits: exact, and -inf stays -inf.)
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(into = "TokenBits", from = "TokenBits")]
 pub struct TokenInfo {
     /// -1 where the backend does not know it.
     pub id: i32,
@@ -113,7 +141,7 @@ pub struct TokenInfo {
 }
 
 /// A finished job.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct JobResult {
     pub prompt_tokens: u32,
     /// All choices together.
@@ -129,7 +157,7 @@ pub struct JobResult {
 }
 
 /// Tokens drafted by prompt lookup, and how many of them the model took.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Drafts {
     pub drafted: u32,
     pub accepted: u32,
@@ -162,7 +190,7 @@ impl std::fmt::Display for Drafts {
 }
 
 /// A finished choice.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ChoiceResult {
     pub index: u32,
     pub seed: Option<u64>,
@@ -170,4 +198,42 @@ pub struct ChoiceResult {
     pub finish: Finish,
     /// With logprobs: every generated token, scored.
     pub tokens: Option<Vec<TokenInfo>>,
+}
+
+/// [`TokenInfo`] on a resident's wire.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct TokenBits {
+    id: i32,
+    text: String,
+    logprob: Option<u32>,
+    top: Vec<(String, u32)>,
+    special: bool,
+}
+
+impl From<TokenInfo> for TokenBits {
+    fn from(t: TokenInfo) -> TokenBits {
+        TokenBits {
+            id: t.id,
+            text: t.text,
+            logprob: t.logprob.map(f32::to_bits),
+            top: t.top.into_iter().map(|(s, p)| (s, p.to_bits())).collect(),
+            special: t.special,
+        }
+    }
+}
+
+impl From<TokenBits> for TokenInfo {
+    fn from(t: TokenBits) -> TokenInfo {
+        TokenInfo {
+            id: t.id,
+            text: t.text,
+            logprob: t.logprob.map(f32::from_bits),
+            top: t
+                .top
+                .into_iter()
+                .map(|(s, p)| (s, f32::from_bits(p)))
+                .collect(),
+            special: t.special,
+        }
+    }
 }

@@ -276,10 +276,30 @@ pub struct Cli {
     #[arg(long, help_heading = "Runtime")]
     pub verbose: bool,
 
-    /// Serve the completions API over HTTP at ADDR (host:port, or a port on
-    /// 127.0.0.1) [default: 127.0.0.1:8337]; another address needs CMPL_API_KEY.
+    /// Serve the completions API over HTTP at ADDR (host:port, a port on
+    /// 127.0.0.1, or unix:PATH for a socket only this user can reach)
+    /// [default: 127.0.0.1:8337]; another address needs CMPL_API_KEY.
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = crate::serve::DEFAULT_ADDR, conflicts_with_all = ["prompt", "prompt_file", "request", "batch", "base_url"], help_heading = "Server")]
     pub serve: Option<String>,
+
+    /// Keep the model loaded between calls: a run on a local model uses (or
+    /// starts) a resident cmpl holding the same model file with the same
+    /// settings, which leaves after DURATION without a request (30s, 5m,
+    /// 1h; 0 off; a bare number is seconds); with --serve, the server
+    /// leaves after DURATION idle [default: $CMPL_KEEP_ALIVE, the config's
+    /// keep_alive, else off; without a value: 5m].
+    #[arg(long, value_name = "DURATION", num_args = 0..=1, default_missing_value = "5m", value_parser = parse_duration, help_heading = "Resident model")]
+    pub keep_alive: Option<Duration>,
+
+    /// List the resident models this user runs (model, pid, memory, idle
+    /// time, time left, requests served, settings).
+    #[arg(long, help_heading = "Resident model")]
+    pub ps: bool,
+
+    /// End the residents holding MODEL (as -m names it), or all of them,
+    /// once their requests in flight are answered [default: all].
+    #[arg(long, value_name = "MODEL|all", num_args = 0..=1, default_missing_value = "all", help_heading = "Resident model")]
+    pub stop_resident: Option<String>,
 
     /// With --serve: answer a request naming another model with 404 (default: the served model answers it).
     #[arg(long, requires = "serve", help_heading = "Server")]
@@ -394,6 +414,7 @@ pub const CONFIG_RUNTIME_KEYS: &[&str] = &[
     "base_url",
     "connect_timeout",
     "read_timeout",
+    "keep_alive",
 ];
 
 /// Defaults of the remote engine's timeouts, in seconds.
@@ -405,6 +426,18 @@ impl Cli {
     /// rest of the program runs on.
     pub fn resolve(self, config: &Config) -> Result<Invocation> {
         let from_config = runtime_from_config(config)?;
+        let keep_alive = match self.keep_alive.or(from_config.keep_alive) {
+            Some(d) => Some(d),
+            None => std::env::var("CMPL_KEEP_ALIVE")
+                .ok()
+                .filter(|v| !v.is_empty())
+                .map(|v| {
+                    parse_duration(&v).map_err(|e| {
+                        CmplError::invalid("keep_alive", format!("CMPL_KEEP_ALIVE: {e}"))
+                    })
+                })
+                .transpose()?,
+        };
         let action = if self.version {
             Action::Version
         } else if let Some(kind) = self.generate {
@@ -413,11 +446,15 @@ impl Cli {
             Action::ListModels
         } else if self.models_dir {
             Action::ModelsDir
+        } else if self.ps {
+            Action::Ps
+        } else if let Some(which) = &self.stop_resident {
+            Action::Stop(which.clone())
         } else if let Some(file) = &self.batch {
             Action::Batch(file.clone())
         } else if let Some(addr) = &self.serve {
             Action::Serve(ServeOptions {
-                addr: serve_addr(addr)?,
+                listen: serve_addr(addr)?,
                 parallel: self.parallel.or(from_config.parallel).unwrap_or(4),
                 ctx_size: self.ctx_size.or(from_config.ctx_size),
                 strict_model: self.strict_model,
@@ -425,6 +462,9 @@ impl Cli {
                     self.drain_timeout
                         .unwrap_or(crate::serve::DEFAULT_DRAIN_SECS),
                 ),
+                keep_alive: keep_alive.filter(|d| !d.is_zero()),
+                ready_pipe: std::env::var_os("CMPL_RESIDENT_READY").is_some(),
+                settings: String::new(),
             })
         } else {
             Action::Complete
@@ -449,6 +489,11 @@ impl Cli {
                 ("--no-prefix-cache", self.no_prefix_cache),
                 ("--deterministic", self.deterministic),
             ];
+            let local_only = [
+                local_only.as_slice(),
+                &[("--keep-alive", self.keep_alive.is_some())],
+            ]
+            .concat();
             if let Some((flag, _)) = local_only.iter().find(|(_, given)| *given) {
                 return Err(CmplError::invalid(
                     &flag.trim_start_matches('-').replace('-', "_"),
@@ -495,6 +540,7 @@ impl Cli {
                 deterministic: self.deterministic || from_config.deterministic,
                 verbose: self.verbose,
                 remote,
+                keep_alive,
             },
             json,
             color: self.color,
@@ -659,6 +705,8 @@ fn runtime_from_config(config: &Config) -> Result<Cli> {
             (Value::Number(n), _) => Ok(n.to_string()),
             (Value::String(s), "base_url") => Ok(s.clone()),
             (_, "base_url") => Err("a URL string"),
+            (Value::String(s), "keep_alive") => Ok(s.clone()),
+            (_, "keep_alive") => Err("a duration like \"5m\", or seconds"),
             _ => Err("a whole number"),
         };
         let text =
@@ -668,15 +716,43 @@ fn runtime_from_config(config: &Config) -> Result<Cli> {
     Cli::try_parse_from(&args).map_err(|e| config.bad_key(&clap_param(&e), &clap_message(&e)))
 }
 
-/// `--serve`'s address: `host:port`, `:port` or a bare port (on 127.0.0.1).
-fn serve_addr(text: &str) -> Result<std::net::SocketAddr> {
+/// A duration as `--keep-alive` takes it: `30s`, `5m`, `1h`, or seconds.
+fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
+    let text = text.trim();
+    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, "s"),
+    };
+    let scale = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        _ => 0,
+    };
+    match digits.parse::<u64>() {
+        Ok(n) if scale > 0 && n.saturating_mul(scale) <= 7 * 86400 => {
+            Ok(Duration::from_secs(n * scale))
+        }
+        Ok(_) if scale > 0 => Err(format!("{text:?} is over a week; give at most 168h")),
+        _ => Err(format!(
+            "{text:?} is not a duration; give 30s, 5m, 1h, or 0 to turn it off"
+        )),
+    }
+}
+
+/// `--serve`'s address: `host:port`, `:port`, a bare port (on 127.0.0.1),
+/// or `unix:PATH`.
+fn serve_addr(text: &str) -> Result<crate::serve::Listen> {
+    if let Some(path) = text.strip_prefix("unix:") {
+        return Ok(crate::serve::Listen::Unix(PathBuf::from(path)));
+    }
     let text = text.trim();
     let full = match text.parse::<u16>() {
         Ok(port) => format!("127.0.0.1:{port}"),
         Err(_) if text.starts_with(':') => format!("127.0.0.1{text}"),
         Err(_) => text.to_string(),
     };
-    full.parse().map_err(|_| {
+    full.parse().map(crate::serve::Listen::Tcp).map_err(|_| {
         CmplError::invalid(
             "serve",
             format!(

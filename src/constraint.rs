@@ -14,7 +14,7 @@ pub const FIELDS: [&str; 2] = ["response_format", "structured_outputs"];
 pub const MAX_BYTES: usize = 256 * 1024;
 pub const MAX_CHOICES: usize = 1024;
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Constraint {
     /// A JSON Schema (an object, or `true`/`false`).
     JsonSchema(Value),

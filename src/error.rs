@@ -24,6 +24,9 @@ pub enum ErrorKind {
     OutputClosed,
     /// A served request's client went away: that request ends, the rest go on.
     Cancelled,
+    /// A resident cannot answer a request as the caller's own run would
+    /// (its slots are smaller): the caller runs it itself. Never shown.
+    Unfit,
 }
 
 impl ErrorKind {
@@ -39,7 +42,27 @@ impl ErrorKind {
             ErrorKind::Interrupted => "interrupted",
             ErrorKind::OutputClosed => "output_closed",
             ErrorKind::Cancelled => "cancelled",
+            ErrorKind::Unfit => "unfit",
         }
+    }
+
+    /// The kind whose `api_type` this is (a resident's answer carries it).
+    pub fn from_api_type(name: &str) -> ErrorKind {
+        const ALL: [ErrorKind; 10] = [
+            ErrorKind::InvalidRequest,
+            ErrorKind::Model,
+            ErrorKind::ContextLength,
+            ErrorKind::Auth,
+            ErrorKind::Unavailable,
+            ErrorKind::Internal,
+            ErrorKind::Interrupted,
+            ErrorKind::OutputClosed,
+            ErrorKind::Cancelled,
+            ErrorKind::Unfit,
+        ];
+        ALL.into_iter()
+            .find(|k| k.api_type() == name)
+            .unwrap_or(ErrorKind::Internal)
     }
 
     pub fn exit_code(self) -> i32 {

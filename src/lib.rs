@@ -29,6 +29,7 @@ mod options;
 mod printer;
 mod random;
 mod remote;
+mod resident;
 mod serve;
 mod signal;
 mod url;

@@ -35,6 +35,22 @@ impl ModelRef {
     }
 }
 
+impl ModelRef {
+    /// A request's `model` must name this model: one run serves one.
+    pub fn check(&self, named: Option<&str>) -> Result<()> {
+        match named {
+            Some(named) if !self.is(named) => Err(CmplError::invalid(
+                "model",
+                format!(
+                    "the request names model `{named}`, but `{}` is loaded: one run serves one model; leave `model` out or split the requests by model",
+                    self.name
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// Resolves the first of: `-m` or the request's `model` (`given`),
 /// `$CMPL_MODEL`, the config file's `model`, the default.
 pub fn resolve(given: Option<&str>, config: Option<&str>) -> Result<ModelRef> {
@@ -86,6 +102,10 @@ fn hub_name(name: &str) -> Option<Result<crate::hub::HubName>> {
 
 /// The file a name means without any download: a path, the models
 /// folder, or the hub cache.
+pub fn local_path(name: &str) -> Option<PathBuf> {
+    local_or_cached(name)
+}
+
 fn local_or_cached(name: &str) -> Option<PathBuf> {
     match hub_name(name) {
         Some(parsed) => crate::hub::cached_path(&parsed.ok()?),

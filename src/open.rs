@@ -27,8 +27,14 @@ pub fn backend(
         let name = remote.model().to_string();
         return Ok((Box::leak(Box::new(remote)), name));
     }
-    let (engine, name) = local(named, config_model, runtime)?;
-    Ok((engine, name))
+    let model = crate::models::resolve(named, config_model)?;
+    let name = model.name.clone();
+    if let Some(keep_alive) = runtime.keep_alive.filter(|d| !d.is_zero()) {
+        if let Some(resident) = crate::resident::open(&model, runtime, keep_alive)? {
+            return Ok((Box::leak(Box::new(resident)), name));
+        }
+    }
+    Ok((load(model, runtime)?, name))
 }
 
 /// The local engine on the model `named` (else the environment's, the
@@ -43,7 +49,8 @@ pub fn local(
     Ok((load(model, runtime)?, name))
 }
 
-fn load(model: ModelRef, runtime: &Runtime) -> Result<&'static Engine> {
+/// Loads `model` with `runtime`'s settings (a progress bar on a terminal).
+pub fn load(model: ModelRef, runtime: &Runtime) -> Result<&'static Engine> {
     let opts = LoadOptions {
         threads: runtime.threads,
         n_gpu_layers: runtime.n_gpu_layers,

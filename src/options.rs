@@ -18,6 +18,10 @@ pub enum Action {
     Batch(Option<PathBuf>),
     /// The API over HTTP.
     Serve(crate::serve::ServeOptions),
+    /// `--ps`: the residents running.
+    Ps,
+    /// `--stop`: end the residents of this model (or `all`).
+    Stop(String),
 }
 
 /// Where the request comes from.
@@ -48,6 +52,9 @@ pub struct Runtime {
     pub verbose: bool,
     /// A server to send requests to instead of loading a model.
     pub remote: Option<crate::remote::Endpoint>,
+    /// `--keep-alive`: use (or start) a resident holding the model, which
+    /// leaves after this long without a request; `None` or zero: off.
+    pub keep_alive: Option<std::time::Duration>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -140,7 +140,7 @@ impl RawRequest {
 }
 
 /// Sampler settings, already checked.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Sampling {
     pub temperature: f32,
     pub top_p: f32,
@@ -155,7 +155,7 @@ pub struct Sampling {
 }
 
 /// A validated request: after this nothing is unchecked.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Request {
     pub model: Option<String>,
     pub prompt: String,

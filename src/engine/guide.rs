@@ -125,6 +125,11 @@ pub static STATS: Stats = Stats {
 };
 
 impl Stats {
+    /// Full masks computed so far.
+    pub fn masks(&self) -> u64 {
+        self.masks.load(Relaxed)
+    }
+
     pub fn drawn(&self, refused: bool) {
         self.drawn.fetch_add(1, Relaxed);
         if refused {

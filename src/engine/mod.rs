@@ -18,7 +18,7 @@ mod vector;
 pub use guide::unenforceable;
 
 use crate::backend::{Backend, Event, RunOptions, Sink};
-use crate::error::{CmplError, Result};
+use crate::error::{CmplError, ErrorKind, Result};
 use crate::gguf::GgufInfo;
 use crate::models::ModelRef;
 use crate::request::Request;
@@ -115,8 +115,8 @@ struct Job {
 }
 
 /// What bounds a job's KV cells besides the model's window.
-#[derive(Clone, Copy)]
-enum Cells {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Cells {
     /// Nothing: the context is sized to the jobs.
     Any,
     /// A pool of this many (--ctx-size), shared by a job's choices.
@@ -144,20 +144,7 @@ impl Backend for Engine {
         // Deterministic mode lays the cells out as the server does, a stream
         // per sequence (--ctx-size split among them), each stream whole.
         let exact = self.deterministic;
-        // A job's choices always run together, even past --parallel; and no
-        // more slots than there are choices in all.
-        let slots_for = |parallel: u32, requests: &mut dyn Iterator<Item = u32>| {
-            let (widest, choices) = requests.fold((1, 0u32), |(w, c), n| (w.max(n), c + n));
-            parallel.min(choices).max(widest)
-        };
-        let cells = match opts.ctx_size {
-            None => Cells::Any,
-            Some(c) if exact => {
-                let parallel = opts.parallel.unwrap_or(DEFAULT_PARALLEL);
-                Cells::Slot(c / slots_for(parallel, &mut requests.iter().map(|r| r.n)))
-            }
-            Some(c) => Cells::Pool(c),
-        };
+        let cells = cells_of_run(opts, exact, &requests);
         let mut jobs = Vec::with_capacity(requests.len());
         for (index, request) in requests.into_iter().enumerate() {
             match self.prepare(request, cells, opts.token_logprobs) {
@@ -222,10 +209,38 @@ impl Backend for Engine {
     }
 }
 
+/// Structured output's full vocabulary masks computed by this process.
+pub fn constraint_masks() -> u64 {
+    guide::STATS.masks()
+}
+
+/// A job's choices always run together, even past --parallel; and no
+/// more slots than there are choices in all.
+fn slots_for(parallel: u32, requests: &mut dyn Iterator<Item = u32>) -> u32 {
+    let (widest, choices) = requests.fold((1, 0u32), |(w, c), n| (w.max(n), c + n));
+    parallel.min(choices).max(widest)
+}
+
+/// What bounds each job's cells in a run of `requests` in this process:
+/// what a resident must answer them as (`Arrival::Request`'s `alone`).
+pub fn cells_of_run(opts: &RunOptions, deterministic: bool, requests: &[Request]) -> Cells {
+    match opts.ctx_size {
+        None => Cells::Any,
+        Some(c) if deterministic => {
+            let parallel = opts.parallel.unwrap_or(DEFAULT_PARALLEL);
+            Cells::Slot(c / slots_for(parallel, &mut requests.iter().map(|r| r.n)))
+        }
+        Some(c) => Cells::Pool(c),
+    }
+}
+
 /// What the server hands the engine next.
 pub enum Arrival {
-    /// A request, and whether its stream reports each token's logprob.
-    Request(Box<Request>, bool),
+    /// A request, whether its stream reports each token's logprob, and,
+    /// for a resident's caller, the cells the request would have in the
+    /// caller's own run: it is answered as there (the same room, the same
+    /// errors), or refused as `Unfit` where a slot here holds less.
+    Request(Box<Request>, bool, Option<Cells>),
     /// None waiting.
     Empty,
     /// The server stopped taking requests.
@@ -270,14 +285,30 @@ impl Engine {
         self.check_memory(shape)?;
         let mut index = 0;
         let mut feed = |wait: bool, sink: &mut Sink| loop {
-            let (request, token_logprobs) = match next(wait) {
-                Arrival::Request(r, t) => (*r, t),
+            let (request, token_logprobs, alone) = match next(wait) {
+                Arrival::Request(r, t, alone) => (*r, t, alone),
                 Arrival::Empty => return Ok(Fed::Empty),
                 Arrival::Closed => return Ok(Fed::Closed),
             };
             let job = index;
             index += 1;
-            match self.prepare(request, Cells::Slot(cells / parallel), token_logprobs) {
+            let slot = (cells / parallel).min(self.n_ctx_train());
+            let prepared = match alone {
+                None => self.prepare(request, Cells::Slot(slot), token_logprobs),
+                Some(alone) => self.prepare(request, alone, token_logprobs).and_then(|job| {
+                    let fits = job.request.n <= parallel
+                        && job.tokens.len() as u32 + job.budget <= slot;
+                    if fits {
+                        Ok(job)
+                    } else {
+                        Err(CmplError::new(
+                            ErrorKind::Unfit,
+                            format!("the request needs more than a slot here ({slot} cells, {parallel} slots)"),
+                        ))
+                    }
+                }),
+            };
+            match prepared {
                 Ok(prepared) => return Ok(Fed::Job(job, Box::new(prepared))),
                 Err(error) => sink(Event::Rejected { job, error })?,
             }
@@ -519,6 +550,11 @@ impl Engine {
     }
 
     /// Whether llama.cpp found a GPU device to offload to.
+    /// The model file loaded.
+    pub fn model_file(&self) -> &std::path::Path {
+        &self.model_ref.path
+    }
+
     pub fn has_gpu(&self) -> bool {
         self.gpu_free.is_some()
     }
@@ -584,17 +620,7 @@ impl Engine {
     /// Checks `request` against this model and sizes it to `cells` and the
     /// model's training context.
     fn prepare(&self, request: Request, cells: Cells, token_logprob: bool) -> Result<Job> {
-        if let Some(named) = &request.model {
-            if !self.model_ref.is(named) {
-                return Err(CmplError::invalid(
-                    "model",
-                    format!(
-                        "the request names model `{named}`, but `{}` is loaded: one run serves one model; leave `model` out or split the requests by model",
-                        self.model_ref.name
-                    ),
-                ));
-            }
-        }
+        self.model_ref.check(request.model.as_deref())?;
         let n_vocab = self.model.n_vocab() as i64;
         if let Some(&(id, _)) = request
             .sampling

@@ -14,18 +14,15 @@ pub enum Out {
     Bytes(Bytes),
 }
 
-/// Streams `first`, then every `Out::Bytes` until the sender is gone.
+/// Streams `first` (if any), then every `Out::Bytes` until the sender is gone.
 pub struct OutBody {
     first: Option<Bytes>,
     rx: UnboundedReceiver<Out>,
 }
 
 impl OutBody {
-    pub fn new(first: Bytes, rx: UnboundedReceiver<Out>) -> OutBody {
-        OutBody {
-            first: Some(first),
-            rx,
-        }
+    pub fn new(first: Option<Bytes>, rx: UnboundedReceiver<Out>) -> OutBody {
+        OutBody { first, rx }
     }
 }
 

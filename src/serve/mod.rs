@@ -1,23 +1,29 @@
 //! `--serve`: the completions API itself, on this machine. hyper answers
 //! HTTP on a small tokio runtime; the decode loop keeps its own thread
 //! (`worker`), where every request's events print through the same printer
-//! as `--json` and `--stream --json`, into that request's HTTP body.
+//! as `--json` and `--stream --json`, into that request's HTTP body. On a
+//! Unix socket (`unix:PATH`) it is a resident: only its user's processes
+//! are answered, and it leaves after `--keep-alive` without a request or
+//! when its model file changes.
 
 mod body;
 mod conns;
+mod metrics;
 mod worker;
 
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::error::{CmplError, ErrorKind, Result};
 use crate::request::{RawRequest, Request};
+use crate::resident::wire;
 use body::{Out, OutBody};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, StatusCode};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 use worker::Submission;
@@ -43,10 +49,27 @@ const RESERVED_FDS: usize = 64;
 /// it, a body is refused (503) instead of read.
 const BODIES_LIMIT: usize = 256 << 20;
 
+/// Where the server listens.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Listen {
+    Tcp(SocketAddr),
+    /// A Unix socket: answered for this user only.
+    Unix(PathBuf),
+}
+
+impl std::fmt::Display for Listen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Listen::Tcp(addr) => write!(f, "http://{addr}/v1"),
+            Listen::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
+}
+
 /// How the server runs (resolved by the face).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServeOptions {
-    pub addr: SocketAddr,
+    pub listen: Listen,
     /// Requests decoded together.
     pub parallel: u32,
     pub ctx_size: Option<u32>,
@@ -54,6 +77,13 @@ pub struct ServeOptions {
     pub strict_model: bool,
     /// How long a shutdown waits for the requests in flight.
     pub drain: Duration,
+    /// Leave after this long without a request (`--keep-alive`).
+    pub keep_alive: Option<Duration>,
+    /// Started by a caller (`CMPL_RESIDENT_READY`): stdout is a pipe that
+    /// hears `ready` once this listens, or the error that stopped it.
+    pub ready_pipe: bool,
+    /// The load settings, as `--ps` shows them.
+    pub settings: String,
 }
 
 /// What every connection shares.
@@ -69,6 +99,14 @@ struct Shared {
     parallel: u32,
     /// Bytes of request bodies being read or parsed now.
     body_bytes: Arc<AtomicUsize>,
+    metrics: Arc<metrics::Metrics>,
+    /// Milliseconds from `born` to the last request's arrival or end.
+    last_active: Arc<AtomicU64>,
+    born: Instant,
+    /// For `--ps`: the model file and load settings.
+    path: PathBuf,
+    settings: String,
+    keep_alive: Option<Duration>,
 }
 
 /// Serves `engine` (the model named `model`) until SIGINT or SIGTERM, then
@@ -80,14 +118,15 @@ pub fn run(
     opts: &ServeOptions,
 ) -> Result<()> {
     let key = api_key()?;
-    if !opts.addr.ip().is_loopback() && key.is_none() {
-        return Err(CmplError::invalid(
-            "serve",
-            format!(
-                "--serve {} is reachable from other machines, so it needs an API key: set CMPL_API_KEY (or CMPL_API_KEY_FILE), or serve on 127.0.0.1",
-                opts.addr
-            ),
-        ));
+    if let Listen::Tcp(addr) = opts.listen {
+        if !addr.ip().is_loopback() && key.is_none() {
+            return Err(CmplError::invalid(
+                "serve",
+                format!(
+                    "--serve {addr} is reachable from other machines, so it needs an API key: set CMPL_API_KEY (or CMPL_API_KEY_FILE), or serve on 127.0.0.1"
+                ),
+            ));
+        }
     }
     let connections = connection_limit();
     let (submit, submissions) = mpsc::channel();
@@ -101,6 +140,12 @@ pub fn run(
         queue_limit: opts.parallel as usize * QUEUE_PER_SLOT,
         parallel: opts.parallel,
         body_bytes: Arc::new(AtomicUsize::new(0)),
+        metrics: Arc::new(metrics::Metrics::default()),
+        last_active: Arc::new(AtomicU64::new(0)),
+        born: Instant::now(),
+        path: engine.model_file().to_path_buf(),
+        settings: opts.settings.clone(),
+        keep_alive: opts.keep_alive,
     });
     // The decode loop's thread: `ready` once its context exists, `ended`
     // when it returns (a failure ends the server: never a live-looking
@@ -110,9 +155,17 @@ pub fn run(
     let ended = Arc::new(AtomicBool::new(false));
     let abort = Arc::new(AtomicBool::new(false));
     let decoder = {
-        let (ended, abort) = (ended.clone(), abort.clone());
+        let (ended, abort, metrics) = (ended.clone(), abort.clone(), shared.metrics.clone());
         std::thread::spawn(move || {
-            let outcome = worker::run(engine, parallel, ctx_size, submissions, ready_tx, &abort);
+            let outcome = worker::run(
+                engine,
+                parallel,
+                ctx_size,
+                submissions,
+                ready_tx,
+                &abort,
+                &metrics,
+            );
             ended.store(true, Ordering::SeqCst);
             outcome
         })
@@ -122,19 +175,18 @@ pub fn run(
         // anything listens.
         return join(decoder);
     }
-    let listener = std::net::TcpListener::bind(opts.addr).map_err(|e| {
-        CmplError::new(
-            ErrorKind::Unavailable,
-            format!("cannot listen on {}: {e}", opts.addr),
-        )
-    })?;
-    listener.set_nonblocking(true)?;
-    let addr = listener.local_addr()?;
+    let listener = Listener::bind(&opts.listen)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    eprintln!("cmpl: serving {model} on http://{addr}/v1 (Ctrl-C to stop)");
+    eprintln!(
+        "cmpl: serving {model} on {} (Ctrl-C to stop)",
+        listener.shown(&opts.listen)
+    );
+    if opts.ready_pipe {
+        ready_said();
+    }
     let stop = runtime.block_on(serve(
         listener,
         shared.clone(),
@@ -214,17 +266,121 @@ fn connection_limit() -> usize {
         .clamp(1, MAX_CONNECTIONS)
 }
 
+/// What a connection is read and written through, whichever listener took it.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
+/// The listening socket, before and after the runtime takes it.
+enum Listener {
+    Tcp(std::net::TcpListener),
+    /// With the socket file's inode: removed on the way out only if still ours.
+    Unix(std::os::unix::net::UnixListener, PathBuf, u64),
+}
+
+enum Accepting {
+    Tcp(tokio::net::TcpListener),
+    Unix(tokio::net::UnixListener),
+}
+
+impl Listener {
+    fn bind(listen: &Listen) -> Result<Listener> {
+        let cannot = |e: std::io::Error| {
+            CmplError::new(
+                ErrorKind::Unavailable,
+                format!("cannot listen on {listen}: {e}"),
+            )
+        };
+        let listener = match listen {
+            Listen::Tcp(addr) => Listener::Tcp(std::net::TcpListener::bind(addr).map_err(cannot)?),
+            Listen::Unix(path) => {
+                use std::os::unix::fs::{MetadataExt, PermissionsExt};
+                let l = std::os::unix::net::UnixListener::bind(path).map_err(cannot)?;
+                // Its folder is the user's own (0700); the socket is too.
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+                    .map_err(cannot)?;
+                let ino = std::fs::symlink_metadata(path).map_err(cannot)?.ino();
+                Listener::Unix(l, path.clone(), ino)
+            }
+        };
+        match &listener {
+            Listener::Tcp(l) => l.set_nonblocking(true)?,
+            Listener::Unix(l, ..) => l.set_nonblocking(true)?,
+        }
+        Ok(listener)
+    }
+
+    /// Where it listens, as the start-up line says it (the port bound).
+    fn shown(&self, listen: &Listen) -> String {
+        match self {
+            Listener::Tcp(l) => l
+                .local_addr()
+                .map_or_else(|_| listen.to_string(), |a| Listen::Tcp(a).to_string()),
+            Listener::Unix(..) => listen.to_string(),
+        }
+    }
+}
+
+impl Accepting {
+    /// The next connection; `None` for one to drop (a peer of another
+    /// user on a Unix socket, or a passing failure).
+    async fn accept(&self) -> Option<Box<dyn Io>> {
+        match self {
+            Accepting::Tcp(l) => match l.accept().await {
+                Ok((stream, _)) => Some(Box::new(stream)),
+                Err(_) => None,
+            },
+            Accepting::Unix(l) => match l.accept().await {
+                Ok((stream, _)) => {
+                    // SAFETY: getuid has no preconditions.
+                    let me = unsafe { libc::getuid() };
+                    let theirs = stream.peer_cred().map(|c| c.uid());
+                    (theirs.ok() == Some(me)).then(|| Box::new(stream) as Box<dyn Io>)
+                }
+                Err(_) => None,
+            },
+        }
+    }
+}
+
+/// Tells the caller that started this resident that it listens, then
+/// points stdout at /dev/null: the caller reads one line and goes.
+fn ready_said() {
+    use std::io::Write;
+    let mut out = std::io::stdout();
+    let _ = out.write_all(b"ready\n");
+    let _ = out.flush();
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        use std::os::fd::AsRawFd;
+        // SAFETY: dup2 onto fd 1, which this process owns.
+        unsafe { libc::dup2(null.as_raw_fd(), 1) };
+    }
+}
+
+/// The model file as it was: a change means another file under its name.
+fn file_identity(path: &std::path::Path) -> Option<(u64, u64, u64, i64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
+}
+
 /// Accepts connections (at most `connections` open at once, see `conns`) until the first
 /// signal, then waits up to `drain` for those open; or until the decode
-/// loop ends on its own.
+/// loop ends on its own; or, for a resident, when it has been idle its
+/// keep-alive or its model file changed.
 async fn serve(
-    listener: std::net::TcpListener,
+    listener: Listener,
     shared: Arc<Shared>,
     connections: usize,
     ended: &AtomicBool,
     drain: Duration,
 ) -> Result<Stop> {
-    let listener = tokio::net::TcpListener::from_std(listener)?;
+    let (accepting, socket_file) = match listener {
+        Listener::Tcp(l) => (Accepting::Tcp(tokio::net::TcpListener::from_std(l)?), None),
+        Listener::Unix(l, path, ino) => (
+            Accepting::Unix(tokio::net::UnixListener::from_std(l)?),
+            Some((path, ino)),
+        ),
+    };
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(hyper_util::rt::TokioTimer::new())
@@ -232,10 +388,12 @@ async fn serve(
         .keep_alive(true);
     let conns = Arc::new(conns::Conns::new(connections));
     let mut poll = tokio::time::interval(Duration::from_millis(100));
+    let model_file = file_identity(&shared.path);
+    let mut ticks = 0u64;
     let stop = loop {
         tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else {
+            accepted = accepting.accept() => {
+                let Some(stream) = accepted else {
                     // Out of descriptors or another passing failure: wait
                     // instead of spinning on it.
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -268,16 +426,39 @@ async fn serve(
                 });
             }
             _ = poll.tick() => {
+                ticks += 1;
                 if ended.load(Ordering::SeqCst) {
                     break Stop::EngineEnded;
                 }
                 if crate::signal::INTERRUPTED.load(Ordering::Relaxed) {
                     break Stop::Drained;
                 }
+                if let Some(idle) = shared.keep_alive {
+                    let last = Duration::from_millis(shared.last_active.load(Ordering::SeqCst));
+                    if shared.in_flight.load(Ordering::SeqCst) == 0
+                        && shared.born.elapsed().saturating_sub(last) >= idle
+                    {
+                        eprintln!("cmpl: no request for {} s (--keep-alive): stopping", idle.as_secs());
+                        break Stop::Drained;
+                    }
+                }
+                // Once a second: never answer for another file than the one loaded.
+                if ticks % 10 == 0 && file_identity(&shared.path) != model_file {
+                    eprintln!("cmpl: the model file {} changed on disk: stopping", shared.path.display());
+                    break Stop::Drained;
+                }
             }
         }
     };
-    drop(listener);
+    // New callers find no socket (and start a fresh resident) from here on;
+    // one that is already another resident's is left alone.
+    if let Some((path, ino)) = socket_file {
+        use std::os::unix::fs::MetadataExt;
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.ino() == ino) {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+    drop(accepting);
     if stop == Stop::EngineEnded {
         return Ok(stop);
     }
@@ -295,6 +476,9 @@ async fn handle(req: hyper::Request<Incoming>, shared: Arc<Shared>) -> Response 
     let started = Instant::now();
     let (method, path) = (req.method().clone(), req.uri().path().to_string());
     let response = route(req, &shared).await;
+    if is_completions(&path) && response.status() != StatusCode::OK {
+        shared.metrics.refused(response.status().as_u16());
+    }
     // Completions log when their answer is whole (the worker); others here.
     if !is_completions(&path) || response.status() != StatusCode::OK {
         eprintln!(
@@ -307,13 +491,15 @@ async fn handle(req: hyper::Request<Incoming>, shared: Arc<Shared>) -> Response 
 }
 
 fn is_completions(path: &str) -> bool {
-    matches!(path, "/v1/completions" | "/completions")
+    matches!(path, "/v1/completions" | "/completions" | wire::RUN)
 }
 
 async fn route(req: hyper::Request<Incoming>, shared: &Shared) -> Response {
     let path = req.uri().path();
-    let known =
-        matches!(path, "/health" | "/v1/health" | "/v1/models" | "/models") || is_completions(path);
+    let known = matches!(
+        path,
+        "/health" | "/v1/health" | "/v1/models" | "/models" | "/metrics" | wire::STATUS
+    ) || is_completions(path);
     if !known {
         return error(
             StatusCode::NOT_FOUND,
@@ -345,6 +531,31 @@ async fn route(req: hyper::Request<Incoming>, shared: &Shared) -> Response {
         }
     }
     let method = req.method().clone();
+    if path == "/metrics" || path == wire::STATUS {
+        if method != Method::GET {
+            return error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                &CmplError::invalid("method", format!("{path} takes GET")),
+            );
+        }
+        let in_flight = shared.in_flight.load(Ordering::SeqCst) as u64;
+        if path == wire::STATUS {
+            return json(StatusCode::OK, status(shared, in_flight));
+        }
+        return hyper::Response::builder()
+            .status(StatusCode::OK)
+            .header(
+                hyper::header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )
+            .body(
+                Full::new(Bytes::from(
+                    shared.metrics.render(in_flight, shared.parallel),
+                ))
+                .boxed(),
+            )
+            .unwrap_or_else(|_| hyper::Response::new(Full::new(Bytes::new()).boxed()));
+    }
     if path.ends_with("models") {
         if method != Method::GET {
             return error(
@@ -360,7 +571,86 @@ async fn route(req: hyper::Request<Incoming>, shared: &Shared) -> Response {
             &CmplError::invalid("method", format!("{path} takes POST")),
         );
     }
+    if path == wire::RUN {
+        return run_for_caller(req, shared).await;
+    }
     complete(req, shared).await
+}
+
+/// What `--ps` shows of this server (the numbers `/metrics` has).
+fn status(shared: &Shared, in_flight: u64) -> String {
+    let last = Duration::from_millis(shared.last_active.load(Ordering::SeqCst));
+    let idle = if in_flight > 0 {
+        0.0
+    } else {
+        shared.born.elapsed().saturating_sub(last).as_secs_f64()
+    };
+    serde_json::json!({
+        "pid": std::process::id(),
+        "model": shared.model,
+        "path": shared.path,
+        "settings": shared.settings,
+        "memory_bytes": metrics::resident_bytes(),
+        "idle_seconds": idle,
+        "keep_alive_seconds": shared.keep_alive.map(|d| d.as_secs()),
+        "requests": shared.metrics.requests(),
+        "in_flight": in_flight,
+        "slots": shared.parallel,
+    })
+    .to_string()
+}
+
+/// A cmpl caller's request (`resident::wire::Ask`): answered as its own run
+/// would, its events streamed back as JSON lines for its printer.
+async fn run_for_caller(req: hyper::Request<Incoming>, shared: &Shared) -> Response {
+    let body = match read_body(req.into_body(), shared).await {
+        Ok(body) => body,
+        Err((status, e)) => return error(status, &e),
+    };
+    let ask: wire::Ask = match serde_json::from_slice(&body.bytes) {
+        Ok(ask) => ask,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &CmplError::invalid("request", format!("not a cmpl caller's request: {e}")),
+            )
+        }
+    };
+    drop(body);
+    let Some(mut places) = InFlight::reserve(shared, 1) else {
+        let (status, e) = busy("the server is busy: too many requests waiting; retry later");
+        return error(status, &e);
+    };
+    let caller = worker::Caller {
+        cells: ask.cells,
+        token_logprobs: ask.token_logprobs,
+    };
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let submission = Submission {
+        request: ask.request,
+        model: shared.model.clone(),
+        path: wire::RUN.to_string(),
+        tx,
+        _slot: places.remove(0),
+        caller: Some(caller),
+        started: Instant::now(),
+    };
+    if !shared
+        .submit
+        .lock()
+        .map(|s| s.send(submission).is_ok())
+        .unwrap_or(false)
+    {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &CmplError::new(ErrorKind::Unavailable, "the server is stopping"),
+        );
+    }
+    hyper::Response::builder()
+        .status(StatusCode::OK)
+        .header(hyper::header::CONTENT_TYPE, "application/x-ndjson")
+        .body(OutBody::new(None, rx).boxed())
+        .unwrap_or_else(|_| hyper::Response::new(Full::new(Bytes::new()).boxed()))
 }
 
 /// The token of an `Authorization: Bearer TOKEN` header; the scheme's
@@ -507,6 +797,8 @@ fn submit(
         path: path.to_string(),
         tx,
         _slot: slot,
+        caller: None,
+        started: Instant::now(),
     };
     let sent = shared
         .submit
@@ -533,7 +825,7 @@ async fn respond(stream: bool, mut rx: tokio::sync::mpsc::UnboundedReceiver<Out>
     match first(&mut rx).await {
         Err((status, e)) => error(status, &e),
         Ok(bytes) => {
-            let body = OutBody::new(bytes, rx);
+            let body = OutBody::new(Some(bytes), rx);
             hyper::Response::builder()
                 .status(StatusCode::OK)
                 .header(hyper::header::CONTENT_TYPE, "text/event-stream")
@@ -598,14 +890,22 @@ fn merge(merged: &mut Option<serde_json::Value>, mut one: serde_json::Value, i: 
 }
 
 /// A request counted in flight until its answer is done (or refused).
-pub struct InFlight(Arc<AtomicUsize>);
+pub struct InFlight {
+    count: Arc<AtomicUsize>,
+    last_active: Arc<AtomicU64>,
+    born: Instant,
+}
 
 impl InFlight {
     /// `count` places in the queue, or none when they would overfill it.
     fn reserve(shared: &Shared, count: usize) -> Option<Vec<InFlight>> {
         let before = shared.in_flight.fetch_add(count, Ordering::SeqCst);
         let places: Vec<InFlight> = (0..count)
-            .map(|_| InFlight(shared.in_flight.clone()))
+            .map(|_| InFlight {
+                count: shared.in_flight.clone(),
+                last_active: shared.last_active.clone(),
+                born: shared.born,
+            })
             .collect();
         (before + count <= shared.queue_limit).then_some(places)
     }
@@ -613,7 +913,10 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        // Idle from the end of the last request (keep-alive counts from here).
+        let now = self.born.elapsed().as_millis() as u64;
+        self.last_active.fetch_max(now, Ordering::SeqCst);
+        self.count.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

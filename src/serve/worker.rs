@@ -1,20 +1,22 @@
 //! The decode loop's thread: requests arrive from the HTTP side as the
 //! engine asks for them, and each one's events print, through the same
-//! printer as the command line, into its own HTTP body. A request whose
-//! client has gone is cancelled, and its slots freed.
+//! printer as the command line, into its own HTTP body (or, for a cmpl
+//! caller of a resident, go as they are, one JSON line each, to be printed
+//! there). A request whose client has gone is cancelled, and its slots freed.
 
 use super::body::Out;
+use super::metrics::{Finished, Metrics};
 use super::InFlight;
 use crate::api::ResponseHeader;
 use crate::backend::{Drafts, Event};
-use crate::engine::{Arrival, Engine};
+use crate::engine::{Arrival, Cells, Engine};
 use crate::error::{CmplError, ErrorKind, Result};
 use crate::printer::{Format, Printer};
 use crate::request::Request;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io::Write;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::mpsc;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
@@ -28,19 +30,59 @@ pub struct Submission {
     pub path: String,
     pub tx: UnboundedSender<Out>,
     pub _slot: InFlight,
+    /// A cmpl caller's run (a resident's): its events as they are, its
+    /// request answered within these cells, as the caller's run would.
+    pub caller: Option<Caller>,
+    pub started: Instant,
+}
+
+/// What a cmpl caller's request asks besides the request.
+#[derive(Clone, Copy)]
+pub struct Caller {
+    pub cells: Cells,
+    pub token_logprobs: bool,
 }
 
 /// A request being answered.
 struct Client {
-    printer: Printer<Channel>,
+    face: Face,
     tx: UnboundedSender<Out>,
     path: String,
     started: Instant,
     tokens: u32,
+    prompt_tokens: u32,
     drafts: Drafts,
     /// Prompt tokens the prefix cache spared.
     reused: u32,
     _slot: InFlight,
+}
+
+/// How a request's answer is written.
+enum Face {
+    /// As the API's JSON or SSE, by the command line's printer.
+    Printer(Printer<Channel>),
+    /// As events, for a cmpl caller's printer.
+    Events(Channel),
+}
+
+impl Face {
+    fn event(&mut self, event: Event) -> Result<()> {
+        match self {
+            Face::Printer(p) => p.event(event),
+            Face::Events(channel) => {
+                let line = crate::resident::wire::Said::from(&event).line();
+                channel.write_all(line.as_bytes())?;
+                channel.flush().map_err(CmplError::from)
+            }
+        }
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        match self {
+            Face::Printer(p) => p.finish(),
+            Face::Events(_) => Ok(()),
+        }
+    }
 }
 
 /// The printer's output: buffered, and sent to the connection on flush (the
@@ -77,6 +119,7 @@ pub fn run(
     submissions: mpsc::Receiver<Submission>,
     ready: mpsc::Sender<()>,
     abort: &AtomicBool,
+    metrics: &Metrics,
 ) -> Result<()> {
     let clients: RefCell<HashMap<usize, Client>> = RefCell::new(HashMap::new());
     let mut index = 0usize;
@@ -104,41 +147,51 @@ pub fn run(
                     "cmpl: POST {} 499 0 tokens 0.000 s (left while queued)",
                     submission.path
                 );
+                metrics.refused(499);
                 continue;
             }
             break submission;
         };
         let stream = submission.request.stream;
-        let format = if stream { Format::Sse } else { Format::Json };
         let channel = Channel {
             tx: submission.tx.clone(),
             buf: Vec::new(),
         };
-        let header = ResponseHeader::new(&submission.model);
-        let printer = Printer::new(
-            channel,
-            index,
-            format,
-            header,
-            &submission.request,
-            false,
-            false,
-        );
+        let face = match submission.caller {
+            Some(_) => Face::Events(channel),
+            None => Face::Printer(Printer::new(
+                channel,
+                index,
+                if stream { Format::Sse } else { Format::Json },
+                ResponseHeader::new(&submission.model),
+                &submission.request,
+                false,
+                false,
+            )),
+        };
         clients.borrow_mut().insert(
             index,
             Client {
-                printer,
+                face,
                 tx: submission.tx,
                 path: submission.path,
-                started: Instant::now(),
+                started: submission.started,
                 tokens: 0,
+                prompt_tokens: 0,
                 drafts: Drafts::default(),
                 reused: 0,
                 _slot: submission._slot,
             },
         );
+        metrics
+            .running
+            .store(clients.borrow().len() as u64, Relaxed);
         index += 1;
-        Arrival::Request(Box::new(submission.request), stream)
+        let (logprobs, cells) = match submission.caller {
+            Some(c) => (c.token_logprobs, Some(c.cells)),
+            None => (stream, None),
+        };
+        Arrival::Request(Box::new(submission.request), logprobs, cells)
     };
     let mut sink = |event: Event| -> Result<()> {
         let job = event.job();
@@ -146,46 +199,54 @@ pub fn run(
         let Some(client) = clients.get_mut(&job) else {
             return Ok(());
         };
-        if client.tx.is_closed() {
-            log(clients.remove(&job), 499);
-            return Err(cancelled());
-        }
-        match event {
-            Event::Rejected { error, .. } => {
-                // An error response: the HTTP side logs it, as any other.
-                let _ = client.tx.send(Out::Error(error));
-                clients.remove(&job);
-                Ok(())
-            }
-            Event::Done { ref result, .. } => {
-                client.drafts = result.drafts;
-                client.reused = result.reused;
-                let printed = client
-                    .printer
-                    .event(event)
-                    .and_then(|()| client.printer.finish());
-                let client = clients.remove(&job);
-                match printed {
-                    Ok(()) => {
-                        log(client, 200);
-                        Ok(())
-                    }
-                    Err(_) => {
-                        log(client, 499);
-                        Err(cancelled())
+        let outcome = if client.tx.is_closed() {
+            log(clients.remove(&job), 499, metrics);
+            Err(cancelled())
+        } else {
+            match event {
+                Event::Rejected { ref error, .. } if matches!(client.face, Face::Events(_)) => {
+                    // A caller's error travels as an event, to be printed there.
+                    metrics.refused(super::status_of(error).as_u16());
+                    let _ = client.face.event(event);
+                    clients.remove(&job);
+                    Ok(())
+                }
+                Event::Rejected { error, .. } => {
+                    // An error response: the HTTP side logs it, as any other.
+                    let _ = client.tx.send(Out::Error(error));
+                    clients.remove(&job);
+                    Ok(())
+                }
+                Event::Done { ref result, .. } => {
+                    client.drafts = result.drafts;
+                    client.reused = result.reused;
+                    client.prompt_tokens = result.prompt_tokens;
+                    let printed = client.face.event(event).and_then(|()| client.face.finish());
+                    let client = clients.remove(&job);
+                    match printed {
+                        Ok(()) => {
+                            log(client, 200, metrics);
+                            Ok(())
+                        }
+                        Err(_) => {
+                            log(client, 499, metrics);
+                            Err(cancelled())
+                        }
                     }
                 }
-            }
-            other => {
-                if let Event::Token { usage: Some(u), .. } = &other {
-                    client.tokens += u.completion_tokens;
+                other => {
+                    if let Event::Token { usage: Some(u), .. } = &other {
+                        client.tokens += u.completion_tokens;
+                    }
+                    client.face.event(other).map_err(|_| {
+                        log(clients.remove(&job), 499, metrics);
+                        cancelled()
+                    })
                 }
-                client.printer.event(other).map_err(|_| {
-                    log(clients.remove(&job), 499);
-                    cancelled()
-                })
             }
-        }
+        };
+        metrics.running.store(clients.len() as u64, Relaxed);
+        outcome
     };
     // Ctrl-C stops the server by closing `submissions`; requests in flight
     // finish, until the drain time sets `abort` (a second signal exits at once).
@@ -199,8 +260,16 @@ fn cancelled() -> CmplError {
 /// One short line per completion: method, path, status, tokens, time,
 /// prompt tokens reused from the prefix cache where there were some, and
 /// prompt lookup's drafts where it drafted.
-fn log(client: Option<Client>, status: u16) {
+fn log(client: Option<Client>, status: u16, metrics: &Metrics) {
     if let Some(c) = client {
+        metrics.finished(&Finished {
+            status,
+            prompt_tokens: c.prompt_tokens,
+            tokens: c.tokens,
+            reused: c.reused,
+            drafts: c.drafts,
+            started: c.started,
+        });
         let drafts = if c.drafts.drafted > 0 {
             format!(" ({})", c.drafts)
         } else {

@@ -1,0 +1,492 @@
+//! Keep-alive (`--keep-alive`): a one-shot or batch on a local model sends
+//! its requests to a resident cmpl that holds the same model file with the
+//! same load settings, starting one if there is none. The resident is
+//! `cmpl --serve` on a Unix socket in a folder only this user can enter
+//! (`place`); it answers each request with its events (`wire`), which this
+//! process prints with its own printer, so every face prints the same
+//! bytes as an in-process run. A request a resident's slots cannot hold as
+//! this run would runs here instead.
+
+mod http;
+mod place;
+mod ps;
+pub mod wire;
+
+pub use ps::{ps, stop};
+
+use crate::backend::{Backend, Event, RunOptions, Sink};
+use crate::error::{CmplError, ErrorKind, Result};
+use crate::models::ModelRef;
+use crate::options::Runtime;
+use crate::request::Request;
+use crate::signal::INTERRUPTED;
+use std::collections::{HashMap, VecDeque};
+use std::io::{BufRead, Read};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use wire::Said;
+
+/// Slots a resident has without `--parallel`.
+pub const DEFAULT_SLOTS: u32 = 4;
+/// The longest event line taken from a resident (a `Done` with an echoed,
+/// scored prompt is the largest).
+const LINE_LIMIT: u64 = 64 << 20;
+/// Tries for a request whose resident went away before answering.
+const TRIES: u32 = 3;
+
+/// A resident, as its caller uses it.
+pub struct Resident {
+    socket: PathBuf,
+    model: ModelRef,
+    runtime: Runtime,
+    keep_alive: Duration,
+    slots: u32,
+}
+
+/// What a socket path holds.
+enum Found {
+    /// A resident that answered; its status.
+    Up(serde_json::Value),
+    Absent,
+    /// Never used (its reason).
+    Foreign(String),
+}
+
+/// The resident for `model` and `runtime`, found or started; `None` where
+/// none can be used (the reason under `--verbose`): the run is in-process.
+pub fn open(model: &ModelRef, runtime: &Runtime, keep_alive: Duration) -> Result<Option<Resident>> {
+    let fallback = |why: String| {
+        if runtime.verbose {
+            eprintln!("cmpl: keep-alive: {why}: running in this process");
+        }
+        Ok(None)
+    };
+    let socket = match place::dir().and_then(|dir| place::socket_path(&dir, model, runtime)) {
+        Ok(socket) => socket,
+        Err(why) => return fallback(why),
+    };
+    let started = Instant::now();
+    match ensure(&socket, model, runtime, keep_alive)? {
+        Ok(status) => {
+            if runtime.verbose {
+                let how = if status["requests"].as_u64() == Some(0) {
+                    format!("started in {:.3} s", started.elapsed().as_secs_f64())
+                } else {
+                    format!("warm, {} requests served", status["requests"])
+                };
+                eprintln!(
+                    "cmpl: keep-alive: resident {} on unix:{} ({how})",
+                    status["pid"],
+                    socket.display()
+                );
+            }
+            Ok(Some(Resident {
+                slots: status["slots"].as_u64().map_or(DEFAULT_SLOTS, |s| s as u32),
+                socket,
+                model: model.clone(),
+                runtime: runtime.clone(),
+                keep_alive,
+            }))
+        }
+        Err(why) => fallback(why),
+    }
+}
+
+/// The resident on `socket` answering, started if need be: its status, or
+/// why none can be used. A load's failure is the caller's error.
+fn ensure(
+    socket: &Path,
+    model: &ModelRef,
+    runtime: &Runtime,
+    keep_alive: Duration,
+) -> Result<Result<serde_json::Value, String>> {
+    // A resident leaving just as it is found: start another, a few times.
+    for _ in 0..TRIES {
+        match find(socket) {
+            Found::Up(status) => return Ok(Ok(status)),
+            Found::Foreign(why) => return Ok(Err(why)),
+            Found::Absent => {}
+        }
+        if let Err(why) = start(socket, model, runtime, keep_alive)? {
+            return Ok(Err(why));
+        }
+    }
+    Ok(Err(format!(
+        "the resident on {} did not answer",
+        socket.display()
+    )))
+}
+
+fn find(socket: &Path) -> Found {
+    match place::socket(socket) {
+        place::Socket::Absent => Found::Absent,
+        place::Socket::Foreign(why) => Found::Foreign(why),
+        place::Socket::Ours => match http::get(socket, wire::STATUS, Duration::from_secs(10)) {
+            Ok((200, text)) => serde_json::from_str(&text).map_or_else(
+                |_| Found::Foreign("its status is not JSON".into()),
+                Found::Up,
+            ),
+            // Refused: a socket left by a resident killed outright.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Found::Absent,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Found::Absent,
+            Ok(_) | Err(_) => Found::Absent,
+        },
+    }
+}
+
+/// Starts the resident for `socket` unless another caller did meanwhile
+/// (one lock per socket: callers started together make one resident).
+fn start(
+    socket: &Path,
+    model: &ModelRef,
+    runtime: &Runtime,
+    keep_alive: Duration,
+) -> Result<Result<(), String>> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let lock_path = socket.with_extension("lock");
+    let lock = match std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&lock_path)
+    {
+        Ok(lock) => lock,
+        Err(e) => return Ok(Err(format!("cannot write {}: {e}", lock_path.display()))),
+    };
+    // SAFETY: flock on a descriptor this function owns.
+    while unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        if INTERRUPTED.load(Ordering::Relaxed) {
+            return Err(CmplError::interrupted());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    match find(socket) {
+        Found::Up(_) => return Ok(Ok(())),
+        Found::Foreign(why) => return Ok(Err(why)),
+        Found::Absent => {}
+    }
+    if let place::Socket::Ours = place::socket(socket) {
+        let _ = std::fs::remove_file(socket);
+    }
+    spawn(socket, model, runtime, keep_alive).map(Ok)
+    // The lock goes with `lock`: waiting callers now find it up.
+}
+
+/// Runs `cmpl --serve unix:SOCKET` detached (its own session, no
+/// terminal, its log in the cache folder) and waits until it listens, or
+/// reports why it could not (a model that does not load: the same error
+/// as loading it here).
+fn spawn(socket: &Path, model: &ModelRef, runtime: &Runtime, keep_alive: Duration) -> Result<()> {
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe()?;
+    let log = place::log_path(socket);
+    let stderr = log
+        .as_ref()
+        .and_then(|p| std::fs::File::create(p).ok())
+        .map_or_else(std::process::Stdio::null, std::process::Stdio::from);
+    let mut listen = std::ffi::OsString::from("unix:");
+    listen.push(socket);
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("--serve")
+        .arg(listen)
+        .arg(format!("--keep-alive={}s", keep_alive.as_secs()))
+        .arg("-m")
+        .arg(std::fs::canonicalize(&model.path).unwrap_or_else(|_| model.path.clone()))
+        .args(load_flags(runtime))
+        .env("CMPL_RESIDENT_READY", "1")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(stderr);
+    // SAFETY: setsid is async-signal-safe; the child has one thread here.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn()?;
+    let (tx, rx) = mpsc::channel();
+    if let Some(out) = child.stdout.take() {
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = std::io::BufReader::new(out.take(1 << 20)).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+    }
+    let line = loop {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(line) => break line,
+            Err(mpsc::RecvTimeoutError::Disconnected) => break String::new(),
+            Err(mpsc::RecvTimeoutError::Timeout) if INTERRUPTED.load(Ordering::Relaxed) => {
+                // It goes on loading, detached, for the next call.
+                return Err(CmplError::interrupted());
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+        }
+    };
+    if line.trim() == "ready" {
+        return Ok(());
+    }
+    let status = child.wait().ok();
+    if let Some(e) = error_data(&line) {
+        return Err(e);
+    }
+    Err(CmplError::internal(format!(
+        "the resident for {} exited as it started ({}); its log: {}",
+        model.path.display(),
+        status.map_or_else(|| "no status".to_string(), |s| s.to_string()),
+        log.map_or_else(|| "none".to_string(), |p| p.display().to_string())
+    )))
+}
+
+/// The resident's flags for `runtime`'s load settings (all of them given,
+/// whatever its config file says).
+fn load_flags(r: &Runtime) -> Vec<String> {
+    let mut flags = Vec::new();
+    let slots = r.parallel.unwrap_or(DEFAULT_SLOTS);
+    flags.push(format!("--parallel={slots}"));
+    if let Some(t) = r.threads {
+        flags.push(format!("--threads={t}"));
+    }
+    // --ctx-size is the caller's run's context: each slot gets that much.
+    if let Some(c) = r.ctx_size {
+        flags.push(format!("--ctx-size={}", c.saturating_mul(slots)));
+    }
+    if let Some(n) = r.n_gpu_layers {
+        flags.push(format!("--n-gpu-layers={n}"));
+    }
+    if let Some(n) = r.lookup {
+        flags.push(format!("--lookup={n}"));
+    }
+    for (on, flag) in [
+        (!r.repack, "--no-repack"),
+        (!r.prefix_cache, "--no-prefix-cache"),
+        (r.deterministic, "--deterministic"),
+    ] {
+        if on {
+            flags.push(flag.to_string());
+        }
+    }
+    flags
+}
+
+/// An `ErrorData` line as the error it carries.
+fn error_data(line: &str) -> Option<CmplError> {
+    let v: serde_json::Value = serde_json::from_str(line.trim()).ok()?;
+    let e = v.get("error")?;
+    Some(CmplError {
+        kind: ErrorKind::from_api_type(e["type"].as_str()?),
+        message: e["message"].as_str()?.to_string(),
+        param: e["param"].as_str().map(str::to_string),
+    })
+}
+
+/// What a request's connection reports to the run.
+enum Heard {
+    /// Its socket, to be shut when the run ends early.
+    Connected(UnixStream),
+    Said(Said),
+    /// Busy (503): asked again shortly.
+    Busy,
+    /// Gone before any event (a resident leaving or killed): start
+    /// another and ask again.
+    Lost(String),
+    /// Broken after some events: the run fails.
+    Failed(CmplError),
+    Ended,
+}
+
+impl Backend for Resident {
+    fn run(
+        &self,
+        requests: Vec<Request>,
+        opts: &RunOptions,
+        interrupted: &AtomicBool,
+        sink: &mut Sink,
+    ) -> Result<()> {
+        let cells = crate::engine::cells_of_run(opts, self.runtime.deterministic, &requests);
+        let mut waiting = VecDeque::new();
+        let mut asked = HashMap::new();
+        for (job, mut request) in requests.into_iter().enumerate() {
+            match self.model.check(request.model.as_deref()) {
+                Err(error) => sink(Event::Rejected { job, error })?,
+                Ok(()) => {
+                    request.model = None;
+                    let ask = wire::Ask {
+                        request,
+                        token_logprobs: opts.token_logprobs,
+                        cells,
+                    };
+                    asked.insert(job, serde_json::to_vec(&ask).map_err(std::io::Error::from)?);
+                    waiting.push_back(job);
+                }
+            }
+        }
+        let (tx, rx) = mpsc::channel();
+        let mut conns: HashMap<usize, UnixStream> = HashMap::new();
+        let shut = |conns: &HashMap<usize, UnixStream>| {
+            for c in conns.values() {
+                let _ = c.shutdown(std::net::Shutdown::Both);
+            }
+        };
+        // Two per slot: the next request waits in the resident's queue.
+        let window = (self.slots as usize * 2).max(1);
+        let (mut running, mut tries, mut unfit) = (0usize, HashMap::new(), Vec::new());
+        loop {
+            while running < window {
+                let Some(job) = waiting.pop_front() else {
+                    break;
+                };
+                let (socket, body, tx) = (self.socket.clone(), asked[&job].clone(), tx.clone());
+                std::thread::spawn(move || carry(&socket, job, &body, &tx));
+                running += 1;
+            }
+            if running == 0 {
+                break;
+            }
+            if interrupted.load(Ordering::Relaxed) {
+                shut(&conns);
+                return Err(CmplError::interrupted());
+            }
+            let (job, heard) = match rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(heard) => heard,
+                Err(_) => continue,
+            };
+            let outcome = match heard {
+                Heard::Connected(c) => {
+                    conns.insert(job, c);
+                    Ok(())
+                }
+                Heard::Said(Said::Rejected { kind, .. }) if kind == ErrorKind::Unfit.api_type() => {
+                    unfit.push(job);
+                    Ok(())
+                }
+                Heard::Said(said) => said.event(job, sink),
+                Heard::Busy => {
+                    (conns.remove(&job), running -= 1);
+                    waiting.push_back(job);
+                    Ok(())
+                }
+                Heard::Lost(why) => {
+                    (conns.remove(&job), running -= 1);
+                    let tried = tries.entry(job).or_insert(0);
+                    *tried += 1;
+                    if *tried >= TRIES {
+                        Err(CmplError::new(
+                            ErrorKind::Unavailable,
+                            format!("the resident on {} went away: {why}", self.socket.display()),
+                        ))
+                    } else {
+                        // Killed or gone idle: a fresh one takes the request.
+                        match ensure(&self.socket, &self.model, &self.runtime, self.keep_alive)? {
+                            Ok(_) => {
+                                waiting.push_front(job);
+                                Ok(())
+                            }
+                            Err(why) => Err(CmplError::new(ErrorKind::Unavailable, why)),
+                        }
+                    }
+                }
+                Heard::Failed(e) => Err(e),
+                Heard::Ended => {
+                    (conns.remove(&job), running -= 1);
+                    Ok(())
+                }
+            };
+            if let Err(e) = outcome {
+                shut(&conns);
+                return Err(e);
+            }
+        }
+        if unfit.is_empty() {
+            return Ok(());
+        }
+        // Larger than a resident's slot, as this run would hold it: here.
+        if self.runtime.verbose {
+            eprintln!(
+                "cmpl: keep-alive: {} request(s) need more room than the resident's slots: running them in this process",
+                unfit.len()
+            );
+        }
+        unfit.sort_unstable();
+        let engine = crate::open::load(self.model.clone(), &self.runtime)?;
+        let requests = unfit
+            .iter()
+            .map(|job| {
+                serde_json::from_slice::<wire::Ask>(&asked[job])
+                    .map(|ask| ask.request)
+                    .map_err(|e| CmplError::internal(e.to_string()))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        engine.run(requests, opts, interrupted, &mut |event| {
+            let job = unfit[event.job()];
+            sink(event.for_job(job))
+        })
+    }
+}
+
+/// One request's connection: asks, then reports what the resident says.
+fn carry(socket: &Path, job: usize, body: &[u8], tx: &mpsc::Sender<(usize, Heard)>) {
+    let heard = |h| {
+        let _ = tx.send((job, h));
+    };
+    let (reply, handle) = match http::send(socket, "POST", wire::RUN, body) {
+        Ok(r) => r,
+        Err(e) => return heard(Heard::Lost(e.to_string())),
+    };
+    heard(Heard::Connected(handle));
+    let mut body = reply.body;
+    if reply.status != 200 {
+        let mut text = String::new();
+        let _ = body.by_ref().take(1 << 20).read_to_string(&mut text);
+        if reply.status == 503 {
+            std::thread::sleep(Duration::from_millis(50));
+            return heard(Heard::Busy);
+        }
+        let e = error_data(&text).unwrap_or_else(|| {
+            CmplError::internal(format!("the resident answered {}: {text}", reply.status))
+        });
+        return heard(Heard::Failed(e));
+    }
+    let mut any = false;
+    loop {
+        let mut line = String::new();
+        match body.by_ref().take(LINE_LIMIT).read_line(&mut line) {
+            Ok(0) => break,
+            Ok(_) if !line.ends_with('\n') => {
+                return heard(Heard::Failed(CmplError::internal(
+                    "the resident's answer ended mid-line",
+                )))
+            }
+            Ok(_) => match serde_json::from_str::<Said>(&line) {
+                Ok(said) => {
+                    any = true;
+                    heard(Heard::Said(said));
+                }
+                Err(e) => {
+                    return heard(Heard::Failed(CmplError::internal(format!(
+                        "the resident said what this cmpl cannot read: {e}"
+                    ))))
+                }
+            },
+            Err(e) if !any => return heard(Heard::Lost(e.to_string())),
+            Err(e) => {
+                return heard(Heard::Failed(CmplError::new(
+                    ErrorKind::Unavailable,
+                    format!("the resident stopped answering: {e}"),
+                )))
+            }
+        }
+    }
+    heard(if any {
+        Heard::Ended
+    } else {
+        Heard::Lost("it closed the connection without an answer".into())
+    });
+}

@@ -1,0 +1,189 @@
+//! What the server is doing, as numbers: `/metrics` in Prometheus' text
+//! format (vLLM's names where vLLM has one, `cmpl:` where it does not), and
+//! the same numbers as `--ps` reads them.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// Upper bounds of the request latency histogram, in seconds.
+const BUCKETS: [f64; 12] = [
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+#[derive(Default)]
+pub struct Metrics {
+    prompt_tokens: AtomicU64,
+    generation_tokens: AtomicU64,
+    reused: AtomicU64,
+    drafted: AtomicU64,
+    accepted: AtomicU64,
+    /// Requests the decode loop holds now (the rest of those in flight wait).
+    pub running: AtomicU64,
+    /// Completions answered, by HTTP status (499: the client left).
+    statuses: Mutex<BTreeMap<u16, u64>>,
+    /// Per bucket (and one past the last), and the seconds summed.
+    latency: Mutex<([u64; BUCKETS.len() + 1], f64)>,
+}
+
+/// One finished completion, as the worker logs it.
+pub struct Finished {
+    pub status: u16,
+    pub prompt_tokens: u32,
+    pub tokens: u32,
+    pub reused: u32,
+    pub drafts: crate::backend::Drafts,
+    pub started: Instant,
+}
+
+impl Metrics {
+    pub fn finished(&self, f: &Finished) {
+        self.prompt_tokens
+            .fetch_add(u64::from(f.prompt_tokens), Relaxed);
+        self.generation_tokens
+            .fetch_add(u64::from(f.tokens), Relaxed);
+        self.reused.fetch_add(u64::from(f.reused), Relaxed);
+        self.drafted.fetch_add(u64::from(f.drafts.drafted), Relaxed);
+        self.accepted
+            .fetch_add(u64::from(f.drafts.accepted), Relaxed);
+        self.refused(f.status);
+        let seconds = f.started.elapsed().as_secs_f64();
+        if let Ok(mut l) = self.latency.lock() {
+            let bucket = BUCKETS
+                .iter()
+                .position(|&b| seconds <= b)
+                .unwrap_or(BUCKETS.len());
+            l.0[bucket] += 1;
+            l.1 += seconds;
+        }
+    }
+
+    /// A completion answered with `status` before it reached the decode loop.
+    pub fn refused(&self, status: u16) {
+        if let Ok(mut s) = self.statuses.lock() {
+            *s.entry(status).or_default() += 1;
+        }
+    }
+
+    /// Completions answered so far, whatever their status.
+    pub fn requests(&self) -> u64 {
+        self.statuses.lock().map_or(0, |s| s.values().sum())
+    }
+
+    /// The exposition: `in_flight` requests now, of `slots`.
+    pub fn render(&self, in_flight: u64, slots: u32) -> String {
+        let running = self.running.load(Relaxed).min(in_flight);
+        let mut out = String::new();
+        let mut one = |name: &str, kind: &str, help: &str, value: String| {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+            );
+        };
+        let count = |a: &AtomicU64| a.load(Relaxed).to_string();
+        one(
+            "vllm:num_requests_running",
+            "gauge",
+            "Requests in the decode loop's slots now.",
+            running.to_string(),
+        );
+        one(
+            "vllm:num_requests_waiting",
+            "gauge",
+            "Requests queued for a slot now.",
+            (in_flight - running).to_string(),
+        );
+        one(
+            "cmpl:slots",
+            "gauge",
+            "Slots: requests decoded together.",
+            slots.to_string(),
+        );
+        one(
+            "vllm:prompt_tokens_total",
+            "counter",
+            "Prompt tokens of the requests answered.",
+            count(&self.prompt_tokens),
+        );
+        one(
+            "vllm:generation_tokens_total",
+            "counter",
+            "Tokens generated.",
+            count(&self.generation_tokens),
+        );
+        one(
+            "vllm:prefix_cache_queries_total",
+            "counter",
+            "Prompt tokens looked up in the prefix cache.",
+            count(&self.prompt_tokens),
+        );
+        one(
+            "vllm:prefix_cache_hits_total",
+            "counter",
+            "Prompt tokens reused from the prefix cache instead of evaluated.",
+            count(&self.reused),
+        );
+        one(
+            "vllm:spec_decode_num_draft_tokens_total",
+            "counter",
+            "Tokens drafted by prompt lookup.",
+            count(&self.drafted),
+        );
+        one(
+            "vllm:spec_decode_num_accepted_tokens_total",
+            "counter",
+            "Drafted tokens the model took.",
+            count(&self.accepted),
+        );
+        if let Some(bytes) = resident_bytes() {
+            one(
+                "process_resident_memory_bytes",
+                "gauge",
+                "Resident memory size in bytes.",
+                bytes.to_string(),
+            );
+        }
+        one(
+            "cmpl:constraint_masks_total",
+            "counter",
+            "Structured output's full vocabulary masks computed.",
+            crate::engine::constraint_masks().to_string(),
+        );
+        let _ = writeln!(out, "# HELP cmpl:requests_total Completions answered, by HTTP status.\n# TYPE cmpl:requests_total counter");
+        if let Ok(s) = self.statuses.lock() {
+            for (status, n) in s.iter() {
+                let _ = writeln!(out, "cmpl:requests_total{{status=\"{status}\"}} {n}");
+            }
+        }
+        let name = "vllm:e2e_request_latency_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Completion latency, arrival to last byte.\n# TYPE {name} histogram"
+        );
+        if let Ok(l) = self.latency.lock() {
+            let mut below = 0;
+            for (i, b) in BUCKETS.iter().enumerate() {
+                below += l.0[i];
+                let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {below}");
+            }
+            below += l.0[BUCKETS.len()];
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"+Inf\"}} {below}\n{name}_sum {}\n{name}_count {below}",
+                l.1
+            );
+        }
+        out
+    }
+}
+
+/// This process's resident memory, in bytes (Linux; `None` elsewhere).
+pub fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf reads a constant.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * u64::try_from(page).ok()?)
+}
