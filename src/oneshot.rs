@@ -73,7 +73,14 @@ pub fn run(inv: &Invocation, config: &Config, json: &mut bool) -> Result<()> {
             Event::Started { .. } if heat_map => {
                 eprintln!("{}", crate::printer::heat_legend());
             }
-            Event::Done { ref result, .. } if verbose => eprintln!("cmpl: {}", result.drafts),
+            Event::Done { ref result, .. } if verbose => {
+                // As the server logs it: what a resident's prefix cache spared.
+                eprintln!(
+                    "cmpl: prompt: {} tokens, {} reused from the prefix cache",
+                    result.prompt_tokens, result.reused
+                );
+                eprintln!("cmpl: {}", result.drafts);
+            }
             _ => {}
         }
         printer.event(event)

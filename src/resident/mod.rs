@@ -72,10 +72,10 @@ pub fn open(model: &ModelRef, runtime: &Runtime, keep_alive: Duration) -> Result
     match ensure(&socket, model, runtime, keep_alive)? {
         Ok(status) => {
             if runtime.verbose {
-                let how = if status["requests"].as_u64() == Some(0) {
-                    format!("started in {:.3} s", started.elapsed().as_secs_f64())
-                } else {
-                    format!("warm, {} requests served", status["requests"])
+                let how = match status["requests"].as_u64() {
+                    Some(0) => format!("started in {:.3} s", started.elapsed().as_secs_f64()),
+                    Some(1) => "warm, 1 request served".to_string(),
+                    _ => format!("warm, {} requests served", status["requests"]),
                 };
                 eprintln!(
                     "cmpl: keep-alive: resident {} on unix:{} ({how})",

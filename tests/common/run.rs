@@ -79,6 +79,8 @@ pub fn isolate(cmd: &mut Command) {
         "HF_TOKEN_PATH",
         "HF_HUB_OFFLINE",
         "HUGGINGFACE_HUB_CACHE",
+        // Nor a resident: tests that want one ask for it.
+        "CMPL_KEEP_ALIVE",
     ] {
         cmd.env_remove(var);
     }
