@@ -31,7 +31,9 @@ complete -c cmpl -s t -l threads -d 'CPU threads, 1..1024 [default: physical cor
 complete -c cmpl -s c -l ctx-size -d 'KV cache size in tokens, shared by all choices; with --serve, split evenly among the --parallel slots [default: sized to the request; 4096 per slot]' -r
 complete -c cmpl -l n-gpu-layers -d 'Layers to offload to the GPU (also -ngl) [default: all, when built with a GPU backend]' -r
 complete -c cmpl -l lookup -d 'Prompt lookup: draft up to N tokens per step from the prompt and the text so far (where the answer copies them: code edits, quotes, extraction), or the text a constraint forces next, verified in the same decode call; the text is the model\'s, as without it, up to rounding at near-ties. 0 turns it off [default: 15]' -r
-complete -c cmpl -l serve -d 'Serve the completions API over HTTP at ADDR (host:port, or a port on 127.0.0.1) [default: 127.0.0.1:8337]; another address needs CMPL_API_KEY' -r
+complete -c cmpl -l serve -d 'Serve the completions API over HTTP at ADDR (host:port, a port on 127.0.0.1, or unix:PATH for a socket only this user can reach) [default: 127.0.0.1:8337]; another address needs CMPL_API_KEY' -r
+complete -c cmpl -l keep-alive -d 'Keep the model loaded between calls: a run on a local model uses (or starts) a resident cmpl holding the same model file with the same settings, which leaves after DURATION without a request (30s, 5m, 1h; 0 off; a bare number is seconds); with --serve, the server leaves after DURATION idle [default: $CMPL_KEEP_ALIVE, the config\'s keep_alive, else off; without a value: 5m]' -r
+complete -c cmpl -l stop-resident -d 'End the residents holding MODEL (as -m names it), or all of them, once their requests in flight are answered [default: all]' -r
 complete -c cmpl -l drain-timeout -d 'With --serve: on SIGINT/SIGTERM, seconds the requests in flight may take to finish before they are cancelled, 0..86400 [default: 300]' -r
 complete -c cmpl -l base-url -d 'Send requests to a server\'s completions API at this root (http://127.0.0.1:8080/v1) instead of running a local model [default: $CMPL_BASE_URL]' -r
 complete -c cmpl -l connect-timeout -d 'Seconds to wait for a connection to the server, 1..3600 [default: 10]' -r
@@ -51,6 +53,7 @@ complete -c cmpl -l no-prefix-cache -d 'Evaluate every prompt from its first tok
 complete -c cmpl -l deterministic -d 'Deterministic mode: a seeded request gives the same bytes (text, logprobs, finish reasons) alone, in any --batch mix, at any --parallel, or on a loaded server, on the same build, CPU and --threads; for some speed (weights not repacked, a ballast sequence beside one decoding alone)'
 complete -c cmpl -l no-repack -d 'Keep the weights as stored instead of repacking some into CPU-friendly layouts at load (as llama.cpp\'s --no-repack): less memory and a faster load, slower prompts and batches'
 complete -c cmpl -l verbose -d 'Show llama.cpp\'s own log, and how long the model took to load, on stderr'
+complete -c cmpl -l ps -d 'List the resident models this user runs (model, pid, memory, idle time, time left, requests served, settings)'
 complete -c cmpl -l strict-model -d 'With --serve: answer a request naming another model with 404 (default: the served model answers it)'
 complete -c cmpl -l list-models -d 'List the models in the models folder and the hub cache with size, architecture and parameters'
 complete -c cmpl -l models-dir -d 'Print the models folder: where -m NAME looks, and where the default model goes'

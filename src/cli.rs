@@ -43,6 +43,7 @@ Environment:
   CMPL_BASE_URL  a server to use, as --base-url
   CMPL_API_KEY   the key sent to that server (never on the command line);
                  with --serve, the key clients must send
+  CMPL_KEEP_ALIVE  as --keep-alive: keep the model loaded between calls
   HF_HUB_CACHE   the hub cache for hf.co/ models (else $HF_HOME/hub, else
                  ~/.cache/huggingface/hub); HF_HUB_OFFLINE=1 uses it with
                  no request; HF_ENDPOINT a mirror; HF_TOKEN gated models
@@ -52,7 +53,8 @@ Examples:
   cmpl \"The capital of France is\" --max-tokens 16 --temperature 0
   echo '{\"prompt\":\"Once upon a time\",\"max_tokens\":32,\"n\":2}' | cmpl
   cmpl --stream --json \"def fib(n):\" --stop $'\\n\\n'
-  cmpl --base-url http://127.0.0.1:8080/v1 \"The capital of France is\"";
+  cmpl --base-url http://127.0.0.1:8080/v1 \"The capital of France is\"
+  cmpl --keep-alive 5m \"The capital of France is\"   (the next call is warm)";
 
 #[derive(Parser, Debug, Default, Clone)]
 #[command(
@@ -426,18 +428,16 @@ impl Cli {
     /// rest of the program runs on.
     pub fn resolve(self, config: &Config) -> Result<Invocation> {
         let from_config = runtime_from_config(config)?;
-        let keep_alive = match self.keep_alive.or(from_config.keep_alive) {
-            Some(d) => Some(d),
-            None => std::env::var("CMPL_KEEP_ALIVE")
-                .ok()
-                .filter(|v| !v.is_empty())
-                .map(|v| {
-                    parse_duration(&v).map_err(|e| {
-                        CmplError::invalid("keep_alive", format!("CMPL_KEEP_ALIVE: {e}"))
-                    })
-                })
-                .transpose()?,
-        };
+        // The flag, then the environment, then the config file.
+        let from_env = std::env::var("CMPL_KEEP_ALIVE")
+            .ok()
+            .filter(|v| !v.is_empty())
+            .map(|v| {
+                parse_duration(&v)
+                    .map_err(|e| CmplError::invalid("keep_alive", format!("CMPL_KEEP_ALIVE: {e}")))
+            })
+            .transpose()?;
+        let keep_alive = self.keep_alive.or(from_env).or(from_config.keep_alive);
         let action = if self.version {
             Action::Version
         } else if let Some(kind) = self.generate {
@@ -756,7 +756,7 @@ fn serve_addr(text: &str) -> Result<crate::serve::Listen> {
         CmplError::invalid(
             "serve",
             format!(
-                "--serve {text:?} is not an address; give host:port (127.0.0.1:8337) or a port"
+                "--serve {text:?} is not an address; give host:port (127.0.0.1:8337), a port, or unix:PATH"
             ),
         )
     })

@@ -128,6 +128,10 @@ const SECTIONS: &[(&str, &[&str])] = &[
              loopback is sent with a warning. With --serve, the key clients must send \
              (required to serve on an address other than loopback).",
             "CMPL_API_KEY_FILE: with --serve, a file whose first line is that key, when CMPL_API_KEY is unset.",
+            "CMPL_KEEP_ALIVE: as --keep-alive, for every run on a local model (the flag wins, then the \
+             config's keep_alive): 5m keeps the model loaded in a resident cmpl between calls.",
+            "XDG_RUNTIME_DIR: where residents' sockets live (its cmpl folder; /tmp/cmpl-UID without it). A \
+             folder or socket another user owns, or one open to others, is never used.",
             "NO_COLOR: when set and not empty, no colour (as --color never).",
             "SOURCE_DATE_EPOCH: with --batch, the 'created' time of every response, so that the same input \
              gives a byte-identical output file.",
@@ -138,7 +142,7 @@ const SECTIONS: &[(&str, &[&str])] = &[
         &[
             "~/.config/cmpl/config.json: defaults, one JSON object. Keys: any request field under its own name \
              (max_tokens, temperature, stop, ...) and model, threads, n_gpu_layers, ctx_size, parallel, \
-             base_url, connect_timeout, read_timeout (each taking what its flag takes). A bad key or value is an error naming the file and the key (exit 2).",
+             lookup, deterministic, base_url, connect_timeout, read_timeout, keep_alive (each taking what its flag takes). A bad key or value is an error naming the file and the key (exit 2).",
             "~/.cache/cmpl/models/ (~/Library/Caches/cmpl/models/ on macOS; cmpl --models-dir prints it): models \
              found by name (-m NAME finds NAME or NAME.gguf here), listed by --list-models; the default model is \
              gemma-3-270m-q4_k_m.gguf. (~/Library/Application Support/cmpl/ holds the config on macOS.)",
@@ -154,6 +158,8 @@ const SECTIONS: &[(&str, &[&str])] = &[
             "cmpl --batch requests.jsonl > answers.jsonl",
             "cmpl --base-url http://127.0.0.1:8080/v1 --stream \"Once upon a time\"",
             "cmpl --serve    (then point an SDK at http://127.0.0.1:8337/v1)",
+            "cmpl --keep-alive 5m \"The capital of France is\"    (the next call finds the model loaded)",
+            "cmpl --ps; cmpl --stop-resident all",
         ],
     ),
 ];

@@ -191,6 +191,16 @@ fn run(block: &Block, scratch: &Path, bin: &Path) -> Result<(), String> {
         c
     };
     isolate(&mut cmd);
+    // A runtime folder of the block's own: residents it starts (--keep-alive)
+    // are found there, and stopped after it.
+    let runtime = scratch.join(".runtime");
+    std::fs::create_dir(&runtime).unwrap();
+    std::fs::set_permissions(
+        &runtime,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    cmd.env("XDG_RUNTIME_DIR", &runtime);
     let path = format!(
         "{}:{}",
         bin.display(),
@@ -201,6 +211,10 @@ fn run(block: &Block, scratch: &Path, bin: &Path) -> Result<(), String> {
         cmd.env(k, v);
     }
     let out = cmd.output().unwrap();
+    let _ = Command::new(bin.join("cmpl"))
+        .args(["--stop-resident", "all"])
+        .env("XDG_RUNTIME_DIR", &runtime)
+        .output();
     drop(servers);
     if out.status.success() {
         Ok(())

@@ -560,6 +560,44 @@ fn metrics_parse_with_the_prometheus_client() {
         .fails(2, "logit_bias");
     let (code, text) = get(&home.socket(), "/metrics");
     assert_eq!(code, 200);
+    let m = parsed(&text);
+    assert_eq!(m[r#"cmpl:requests_total{"status": "200"}"#], 2.0, "{m}");
+    assert_eq!(m[r#"cmpl:requests_total{"status": "400"}"#], 1.0, "{m}");
+    assert_eq!(m["vllm:generation_tokens_total"], generated, "{m}");
+    assert!(
+        m["vllm:prompt_tokens_total"].as_f64().unwrap() > 20.0,
+        "{m}"
+    );
+    assert!(
+        m["vllm:spec_decode_num_accepted_tokens_total"]
+            .as_f64()
+            .unwrap()
+            > 0.0,
+        "{m}"
+    );
+    assert_eq!(m["vllm:e2e_request_latency_seconds_count"], 2.0, "{m}");
+    assert_eq!(
+        m[r#"vllm:e2e_request_latency_seconds_bucket{"le": "+Inf"}"#], 2.0,
+        "{m}"
+    );
+    assert_eq!(m["vllm:num_requests_running"], 0.0);
+    assert_eq!(m["cmpl:slots"], 4.0);
+    assert!(m["process_resident_memory_bytes"].as_f64().unwrap() > 1e8);
+    // And on `cmpl --serve`, over HTTP.
+    let server = common::served::Served::start(&["--parallel", "2"], &[]);
+    let (code, _) = server.post(r#"{"prompt": "Hi", "max_tokens": 3, "temperature": 0}"#);
+    assert_eq!(code, 200);
+    let (code, text) = server.send("GET", "/metrics", "", None);
+    assert_eq!(code, 200);
+    let m = parsed(&text);
+    assert_eq!(m[r#"cmpl:requests_total{"status": "200"}"#], 1.0, "{m}");
+    assert_eq!(m["vllm:generation_tokens_total"], 3.0, "{m}");
+    assert_eq!(m["cmpl:slots"], 2.0, "{m}");
+}
+
+/// Every sample of an exposition, as the Prometheus client library parses
+/// it: name (and labels) to value.
+fn parsed(text: &str) -> Value {
     let python = std::env::var("CMPL_SDK_PYTHON").expect(
         "CMPL_SDK_PYTHON (scripts/test sets it): the metrics are parsed with prometheus_client",
     );
@@ -592,27 +630,44 @@ print(json.dumps(out))
         "{}\n{text}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let m: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(m[r#"cmpl:requests_total{"status": "200"}"#], 2.0, "{m}");
-    assert_eq!(m[r#"cmpl:requests_total{"status": "400"}"#], 1.0, "{m}");
-    assert_eq!(m["vllm:generation_tokens_total"], generated, "{m}");
-    assert!(
-        m["vllm:prompt_tokens_total"].as_f64().unwrap() > 20.0,
-        "{m}"
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn keep_alive_is_checked_and_read_from_the_environment_and_config() {
+    let home = Home::new();
+    home.cmpl(&[STORY, "--keep-alive", "5x"]).run().fails(
+        2,
+        "\"5x\" is not a duration; give 30s, 5m, 1h, or 0 to turn it off",
     );
-    assert!(
-        m["vllm:spec_decode_num_accepted_tokens_total"]
-            .as_f64()
-            .unwrap()
-            > 0.0,
-        "{m}"
-    );
-    assert_eq!(m["vllm:e2e_request_latency_seconds_count"], 2.0, "{m}");
-    assert_eq!(
-        m[r#"vllm:e2e_request_latency_seconds_bucket{"le": "+Inf"}"#], 2.0,
-        "{m}"
-    );
-    assert_eq!(m["vllm:num_requests_running"], 0.0);
-    assert_eq!(m["cmpl:slots"], 4.0);
-    assert!(m["process_resident_memory_bytes"].as_f64().unwrap() > 1e8);
+    home.cmpl(&[STORY])
+        .env("CMPL_KEEP_ALIVE", "9d")
+        .run()
+        .fails(2, "CMPL_KEEP_ALIVE: \"9d\"");
+    home.cmpl(&[
+        STORY,
+        "--keep-alive",
+        "5m",
+        "--base-url",
+        "http://127.0.0.1:9/v1",
+    ])
+    .run()
+    .fails(2, "--keep-alive applies to a local model");
+    // 0 is off; the environment and the config file turn it on.
+    home.cmpl(&[STORY, "--max-tokens", "1", "--keep-alive", "0"])
+        .run()
+        .ok();
+    assert!(home.sockets().is_empty());
+    home.cmpl(&[STORY, "--max-tokens", "1"])
+        .env("CMPL_KEEP_ALIVE", "1m")
+        .run()
+        .ok();
+    assert_eq!(home.sockets().len(), 1);
+    let config = home.dir.path().join("config.json");
+    std::fs::write(&config, r#"{"keep_alive": "1m", "threads": 1}"#).unwrap();
+    home.cmpl(&[STORY, "--max-tokens", "1"])
+        .env("CMPL_CONFIG", &config)
+        .run()
+        .ok();
+    assert_eq!(home.sockets().len(), 2, "threads 1 is another resident");
 }

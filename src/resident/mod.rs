@@ -358,6 +358,10 @@ impl Backend for Resident {
                 Ok(heard) => heard,
                 Err(_) => continue,
             };
+            if matches!(heard, Heard::Busy | Heard::Lost(_) | Heard::Ended) {
+                conns.remove(&job);
+                running -= 1;
+            }
             let outcome = match heard {
                 Heard::Connected(c) => {
                     conns.insert(job, c);
@@ -369,12 +373,10 @@ impl Backend for Resident {
                 }
                 Heard::Said(said) => said.event(job, sink),
                 Heard::Busy => {
-                    (conns.remove(&job), running -= 1);
                     waiting.push_back(job);
                     Ok(())
                 }
                 Heard::Lost(why) => {
-                    (conns.remove(&job), running -= 1);
                     let tried = tries.entry(job).or_insert(0);
                     *tried += 1;
                     if *tried >= TRIES {
@@ -394,10 +396,7 @@ impl Backend for Resident {
                     }
                 }
                 Heard::Failed(e) => Err(e),
-                Heard::Ended => {
-                    (conns.remove(&job), running -= 1);
-                    Ok(())
-                }
+                Heard::Ended => Ok(()),
             };
             if let Err(e) = outcome {
                 shut(&conns);
