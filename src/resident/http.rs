@@ -15,14 +15,18 @@ pub struct Reply {
     pub body: BufReader<Body>,
 }
 
-/// Sends `method path` with `body` on a new connection.
+/// Sends `method path` with `body` on a new connection; a resident silent
+/// for `timeout` (taking the request or answering it) is an error, never a hang.
 pub fn send(
     socket: &Path,
     method: &str,
     path: &str,
     body: &[u8],
+    timeout: Duration,
 ) -> std::io::Result<(Reply, UnixStream)> {
     let mut stream = UnixStream::connect(socket)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
     let head = format!(
         "{method} {path} HTTP/1.1\r\nHost: cmpl\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
         body.len()
@@ -53,8 +57,7 @@ pub fn send(
 
 /// A whole small answer (the status route), within `timeout`.
 pub fn get(socket: &Path, path: &str, timeout: Duration) -> std::io::Result<(u16, String)> {
-    let (mut reply, handle) = send(socket, "GET", path, b"")?;
-    handle.set_read_timeout(Some(timeout))?;
+    let (mut reply, _) = send(socket, "GET", path, b"", timeout)?;
     let mut text = String::new();
     reply
         .body

@@ -36,6 +36,8 @@ pub const DEFAULT_SLOTS: u32 = 4;
 const LINE_LIMIT: u64 = 64 << 20;
 /// Tries for a request whose resident went away before answering.
 const TRIES: u32 = 3;
+/// The longest a resident may stay silent once asked (`--read-timeout`'s default).
+const SILENCE: Duration = Duration::from_secs(600);
 
 /// A resident, as its caller uses it.
 pub struct Resident {
@@ -129,10 +131,25 @@ fn find(socket: &Path) -> Found {
                 |_| Found::Foreign("its status is not JSON".into()),
                 Found::Up,
             ),
-            // Refused: a socket left by a resident killed outright.
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Found::Absent,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Found::Absent,
-            Ok(_) | Err(_) => Found::Absent,
+            // Refused: a socket left by a resident killed outright; gone:
+            // one that just left.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
+                ) =>
+            {
+                Found::Absent
+            }
+            // Alive but not answering as a resident does: left alone.
+            Ok((status, _)) => Found::Foreign(format!(
+                "the resident on {} answered its status with {status}",
+                socket.display()
+            )),
+            Err(e) => Found::Foreign(format!(
+                "the resident on {} did not answer: {e}",
+                socket.display()
+            )),
         },
     }
 }
@@ -200,6 +217,9 @@ fn spawn(socket: &Path, model: &ModelRef, runtime: &Runtime, keep_alive: Duratio
         .arg(std::fs::canonicalize(&model.path).unwrap_or_else(|_| model.path.clone()))
         .args(load_flags(runtime))
         .env("CMPL_RESIDENT_READY", "1")
+        // Its socket is this user's alone: no key is asked there.
+        .env_remove("CMPL_API_KEY")
+        .env_remove("CMPL_API_KEY_FILE")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(stderr);
@@ -232,6 +252,11 @@ fn spawn(socket: &Path, model: &ModelRef, runtime: &Runtime, keep_alive: Duratio
     };
     if line.trim() == "ready" {
         return Ok(());
+    }
+    // Anything else: it failed, or said something else first; either way
+    // it is not used (and not left running).
+    if let Ok(None) = child.try_wait() {
+        let _ = child.kill();
     }
     let status = child.wait().ok();
     if let Some(e) = error_data(&line) {
@@ -435,7 +460,7 @@ fn carry(socket: &Path, job: usize, body: &[u8], tx: &mpsc::Sender<(usize, Heard
     let heard = |h| {
         let _ = tx.send((job, h));
     };
-    let (reply, handle) = match http::send(socket, "POST", wire::RUN, body) {
+    let (reply, handle) = match http::send(socket, "POST", wire::RUN, body, SILENCE) {
         Ok(r) => r,
         Err(e) => return heard(Heard::Lost(e.to_string())),
     };
@@ -453,7 +478,8 @@ fn carry(socket: &Path, job: usize, body: &[u8], tx: &mpsc::Sender<(usize, Heard
         });
         return heard(Heard::Failed(e));
     }
-    let mut any = false;
+    // Whether anything came, and whether the answer ended as answers do.
+    let (mut any, mut whole) = (false, false);
     loop {
         let mut line = String::new();
         match body.by_ref().take(LINE_LIMIT).read_line(&mut line) {
@@ -466,6 +492,7 @@ fn carry(socket: &Path, job: usize, body: &[u8], tx: &mpsc::Sender<(usize, Heard
             Ok(_) => match serde_json::from_str::<Said>(&line) {
                 Ok(said) => {
                     any = true;
+                    whole = matches!(said, Said::Done { .. } | Said::Rejected { .. });
                     heard(Heard::Said(said));
                 }
                 Err(e) => {
@@ -483,9 +510,12 @@ fn carry(socket: &Path, job: usize, body: &[u8], tx: &mpsc::Sender<(usize, Heard
             }
         }
     }
-    heard(if any {
-        Heard::Ended
-    } else {
-        Heard::Lost("it closed the connection without an answer".into())
+    heard(match (any, whole) {
+        (_, true) => Heard::Ended,
+        (true, false) => Heard::Failed(CmplError::new(
+            ErrorKind::Unavailable,
+            "the resident stopped before its answer was whole (its log is in ~/.cache/cmpl/residents)",
+        )),
+        (false, _) => Heard::Lost("it closed the connection without an answer".into()),
     });
 }

@@ -96,7 +96,7 @@ pub fn stop(which: &str, out: &mut dyn Write) -> Result<()> {
             .and_then(|p| std::fs::canonicalize(p).ok())
             .unwrap_or_else(|| PathBuf::from(which))
     });
-    let mut stopped = 0;
+    let (mut stopped, mut still) = (0, Vec::new());
     for (socket, v) in residents() {
         let path = PathBuf::from(v["path"].as_str().unwrap_or(""));
         let model = v["model"].as_str().unwrap_or("");
@@ -119,8 +119,23 @@ pub fn stop(which: &str, out: &mut dyn Write) -> Result<()> {
         while unsafe { libc::kill(pid, 0) } == 0 && asked.elapsed() < STOP_WAIT {
             std::thread::sleep(Duration::from_millis(20));
         }
+        // SAFETY: as above.
+        if unsafe { libc::kill(pid, 0) } == 0 {
+            still.push(format!("{} (pid {pid})", path.display()));
+            continue;
+        }
         writeln!(out, "stopped {} (pid {pid})", path.display())?;
         stopped += 1;
+    }
+    if !still.is_empty() {
+        return Err(CmplError::new(
+            ErrorKind::Unavailable,
+            format!(
+                "still finishing their requests after {} s: {}; they leave once those are answered",
+                STOP_WAIT.as_secs(),
+                still.join(", ")
+            ),
+        ));
     }
     if stopped == 0 && wanted.is_some() {
         return Err(CmplError::new(

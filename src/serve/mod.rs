@@ -294,8 +294,14 @@ impl Listener {
             Listen::Tcp(addr) => Listener::Tcp(std::net::TcpListener::bind(addr).map_err(cannot)?),
             Listen::Unix(path) => {
                 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-                let l = std::os::unix::net::UnixListener::bind(path).map_err(cannot)?;
-                // Its folder is the user's own (0700); the socket is too.
+                // 0600 from the start, never briefly open to others: the
+                // process's umask, for this one call.
+                // SAFETY: umask only swaps the process's file mode mask.
+                let mask = unsafe { libc::umask(0o177) };
+                let bound = std::os::unix::net::UnixListener::bind(path);
+                // SAFETY: as above, restoring it.
+                unsafe { libc::umask(mask) };
+                let l = bound.map_err(cannot)?;
                 std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
                     .map_err(cannot)?;
                 let ino = std::fs::symlink_metadata(path).map_err(cannot)?.ino();
