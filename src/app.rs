@@ -65,31 +65,7 @@ fn serve(
 ) -> crate::error::Result<()> {
     let named = inv.flags.get("model").and_then(|m| m.as_str());
     let (engine, name) = crate::open::local(named, config.model.as_deref(), &inv.runtime)?;
-    let r = &inv.runtime;
-    let shown = |v: Option<u32>| v.map_or_else(|| "default".to_string(), |v| v.to_string());
-    let mut settings = format!(
-        "slots {}, ctx {}, threads {}, ngl {}, lookup {}",
-        opts.parallel,
-        shown(opts.ctx_size),
-        shown(r.threads),
-        shown(r.n_gpu_layers),
-        shown(r.lookup)
-    );
-    for (on, name) in [
-        (!r.repack, "no-repack"),
-        (!r.prefix_cache, "no-prefix-cache"),
-        (r.deterministic, "deterministic"),
-    ] {
-        if on {
-            settings.push_str(", ");
-            settings.push_str(name);
-        }
-    }
-    let opts = crate::serve::ServeOptions {
-        settings,
-        ..opts.clone()
-    };
-    crate::serve::run(engine, name, config, &opts)
+    crate::serve::run(engine, name, config, &inv.runtime, opts)
 }
 
 fn models_dir() -> crate::error::Result<()> {

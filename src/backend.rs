@@ -106,6 +106,101 @@ impl<'a> Event<'a> {
     }
 }
 
+/// An event that owns what it says, about a job known beside it: what
+/// crosses a thread (the remote backend's workers) or a socket (a
+/// resident's answer, one JSON line each).
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Owned {
+    Rejected {
+        error: CmplError,
+    },
+    Started {
+        prompt: Option<Vec<TokenInfo>>,
+        seeds: Vec<Option<u64>>,
+    },
+    Token {
+        choice: u32,
+        seed: Option<u64>,
+        token: TokenInfo,
+        text: String,
+        finish: Option<Finish>,
+        usage: Option<Counts>,
+    },
+    Done {
+        result: JobResult,
+    },
+}
+
+impl From<&Event<'_>> for Owned {
+    fn from(event: &Event) -> Owned {
+        match event {
+            Event::Rejected { error, .. } => Owned::Rejected {
+                error: error.clone(),
+            },
+            Event::Started { prompt, seeds, .. } => Owned::Started {
+                prompt: prompt.map(<[TokenInfo]>::to_vec),
+                seeds: seeds.to_vec(),
+            },
+            Event::Token {
+                choice,
+                seed,
+                token,
+                text,
+                finish,
+                usage,
+                ..
+            } => Owned::Token {
+                choice: *choice,
+                seed: *seed,
+                token: (*token).clone(),
+                text: text.to_string(),
+                finish: *finish,
+                usage: *usage,
+            },
+            Event::Done { result, .. } => Owned::Done {
+                result: result.clone(),
+            },
+        }
+    }
+}
+
+impl Owned {
+    /// Reports it to `sink` as job `job`'s event.
+    pub fn report(self, job: usize, sink: &mut Sink) -> Result<()> {
+        match self {
+            Owned::Rejected { error } => sink(Event::Rejected { job, error }),
+            Owned::Started { prompt, seeds } => sink(Event::Started {
+                job,
+                prompt: prompt.as_deref(),
+                seeds: &seeds,
+            }),
+            Owned::Token {
+                choice,
+                seed,
+                token,
+                text,
+                finish,
+                usage,
+            } => sink(Event::Token {
+                job,
+                choice,
+                seed,
+                token: &token,
+                text: &text,
+                finish,
+                usage,
+            }),
+            Owned::Done { result } => sink(Event::Done { job, result }),
+        }
+    }
+
+    /// The job's last event: nothing more comes for it.
+    pub fn ends(&self) -> bool {
+        matches!(self, Owned::Done { .. } | Owned::Rejected { .. })
+    }
+}
+
 /// Why a choice ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Finish {

@@ -464,7 +464,6 @@ impl Cli {
                 ),
                 keep_alive: keep_alive.filter(|d| !d.is_zero()),
                 ready_pipe: std::env::var_os("CMPL_RESIDENT_READY").is_some(),
-                settings: String::new(),
             })
         } else {
             Action::Complete

@@ -75,7 +75,10 @@ impl ErrorKind {
     }
 }
 
-#[derive(Debug, Clone)]
+/// (A resident sends it to its caller as its kind's `api_type`, message
+/// and param.)
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(into = "ErrorBits", from = "ErrorBits")]
 pub struct CmplError {
     pub kind: ErrorKind,
     pub message: String,
@@ -156,3 +159,31 @@ impl From<std::io::Error> for CmplError {
 }
 
 pub type Result<T, E = CmplError> = std::result::Result<T, E>;
+
+/// [`CmplError`] on a resident's wire.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ErrorBits {
+    kind: String,
+    message: String,
+    param: Option<String>,
+}
+
+impl From<CmplError> for ErrorBits {
+    fn from(e: CmplError) -> ErrorBits {
+        ErrorBits {
+            kind: e.kind.api_type().to_string(),
+            message: e.message,
+            param: e.param,
+        }
+    }
+}
+
+impl From<ErrorBits> for CmplError {
+    fn from(e: ErrorBits) -> CmplError {
+        CmplError {
+            kind: ErrorKind::from_api_type(&e.kind),
+            message: e.message,
+            param: e.param,
+        }
+    }
+}

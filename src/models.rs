@@ -33,9 +33,7 @@ impl ModelRef {
                 canon(&p).is_some() && canon(&p) == canon(&self.path)
             })
     }
-}
 
-impl ModelRef {
     /// A request's `model` must name this model: one run serves one.
     pub fn check(&self, named: Option<&str>) -> Result<()> {
         match named {
@@ -102,11 +100,7 @@ fn hub_name(name: &str) -> Option<Result<crate::hub::HubName>> {
 
 /// The file a name means without any download: a path, the models
 /// folder, or the hub cache.
-pub fn local_path(name: &str) -> Option<PathBuf> {
-    local_or_cached(name)
-}
-
-fn local_or_cached(name: &str) -> Option<PathBuf> {
+pub fn local_or_cached(name: &str) -> Option<PathBuf> {
     match hub_name(name) {
         Some(parsed) => crate::hub::cached_path(&parsed.ok()?),
         None => find(name),

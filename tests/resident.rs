@@ -600,9 +600,6 @@ fn metrics_parse_with_the_prometheus_client() {
 /// Every sample of an exposition, as the Prometheus client library parses
 /// it: name (and labels) to value.
 fn parsed(text: &str) -> Value {
-    let python = std::env::var("CMPL_SDK_PYTHON").expect(
-        "CMPL_SDK_PYTHON (scripts/test sets it): the metrics are parsed with prometheus_client",
-    );
     let script = r#"
 import json, sys
 from prometheus_client.parser import text_string_to_metric_families
@@ -613,20 +610,7 @@ for family in text_string_to_metric_families(sys.stdin.read()):
         out[key] = s.value
 print(json.dumps(out))
 "#;
-    let mut child = std::process::Command::new(python)
-        .args(["-c", script])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = common::sdk::python(&["-c".as_ref(), script.as_ref()], text);
     assert!(
         out.status.success(),
         "{}\n{text}",

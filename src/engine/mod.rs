@@ -549,12 +549,12 @@ impl Engine {
         }
     }
 
-    /// Whether llama.cpp found a GPU device to offload to.
     /// The model file loaded.
     pub fn model_file(&self) -> &std::path::Path {
         &self.model_ref.path
     }
 
+    /// Whether llama.cpp found a GPU device to offload to.
     pub fn has_gpu(&self) -> bool {
         self.gpu_free.is_some()
     }

@@ -7,7 +7,7 @@ mod dialect;
 mod sse;
 
 use crate::backend::{
-    Backend, ChoiceResult, Counts, Event, JobResult, RunOptions, Sink, TokenInfo,
+    Backend, ChoiceResult, Counts, Event, JobResult, Owned, RunOptions, Sink, TokenInfo,
 };
 use crate::error::{CmplError, ErrorKind, Result};
 use crate::request::Request;
@@ -345,7 +345,7 @@ impl Backend for Remote {
                     break;
                 }
                 if let Err(error) = client.complete(job, &request, &body, live, &tx) {
-                    let _ = tx.send(Msg::Failed { job, error });
+                    let _ = tx.send((job, Owned::Rejected { error }));
                 }
             });
         }
@@ -362,38 +362,11 @@ impl Backend for Remote {
                         return Err(CmplError::internal("the remote workers stopped early"))
                     }
                 };
-                match msg {
-                    Msg::Started { job, seeds } => sink(Event::Started {
-                        job,
-                        prompt: None,
-                        seeds: &seeds,
-                    })?,
-                    Msg::Token {
-                        job,
-                        choice,
-                        seed,
-                        token,
-                        text,
-                        finish,
-                        usage,
-                    } => sink(Event::Token {
-                        job,
-                        choice,
-                        seed,
-                        token: &token,
-                        text: &text,
-                        finish,
-                        usage,
-                    })?,
-                    Msg::Done { job, result } => {
-                        remaining -= 1;
-                        sink(Event::Done { job, result })?;
-                    }
-                    Msg::Failed { job, error } => {
-                        remaining -= 1;
-                        sink(Event::Rejected { job, error })?;
-                    }
+                let (job, event) = msg;
+                if event.ends() {
+                    remaining -= 1;
                 }
+                event.report(job, sink)?;
             }
             Ok(())
         })();
@@ -404,30 +377,8 @@ impl Backend for Remote {
     }
 }
 
-/// What a worker reports to the thread that prints (owned: it crosses threads).
-enum Msg {
-    Started {
-        job: usize,
-        seeds: Vec<Option<u64>>,
-    },
-    Token {
-        job: usize,
-        choice: u32,
-        seed: Option<u64>,
-        token: TokenInfo,
-        text: String,
-        finish: Option<crate::backend::Finish>,
-        usage: Option<Counts>,
-    },
-    Done {
-        job: usize,
-        result: JobResult,
-    },
-    Failed {
-        job: usize,
-        error: CmplError,
-    },
-}
+/// What a worker reports to the thread that prints: a job's event.
+type Msg = (usize, Owned);
 
 /// One request's answer as it arrives: what each choice has said, and the
 /// last token of each finished choice, held back until the usage is known.
@@ -481,10 +432,13 @@ impl Accumulator {
         if !self.started {
             self.started = true;
             let seeds = self.choices.iter().map(|c| c.seed).collect();
-            let _ = tx.send(Msg::Started {
-                job: self.job,
-                seeds,
-            });
+            let _ = tx.send((
+                self.job,
+                Owned::Started {
+                    prompt: None,
+                    seeds,
+                },
+            ));
         }
     }
 
@@ -530,15 +484,17 @@ impl Accumulator {
         }
         // Each token waits for the next event, which may say it was the last.
         if let Some((token, text)) = c.last.replace((token, delta.text)) {
-            let _ = tx.send(Msg::Token {
-                job: self.job,
-                choice: index,
-                seed: c.seed,
-                token,
-                text,
-                finish: None,
-                usage: None,
-            });
+            let _ = tx.send((
+                self.job,
+                Owned::Token {
+                    choice: index,
+                    seed: c.seed,
+                    token,
+                    text,
+                    finish: None,
+                    usage: None,
+                },
+            ));
         }
         Ok(())
     }
@@ -577,18 +533,20 @@ impl Accumulator {
                 (None, Some(t)) if self.n == 1 => t,
                 _ => c.count,
             };
-            let _ = tx.send(Msg::Token {
-                job: self.job,
-                choice: i as u32,
-                seed: c.seed,
-                token,
-                text,
-                finish: Some(finish),
-                usage: Some(Counts {
-                    prompt_tokens,
-                    completion_tokens,
-                }),
-            });
+            let _ = tx.send((
+                self.job,
+                Owned::Token {
+                    choice: i as u32,
+                    seed: c.seed,
+                    token,
+                    text,
+                    finish: Some(finish),
+                    usage: Some(Counts {
+                        prompt_tokens,
+                        completion_tokens,
+                    }),
+                },
+            ));
         }
         let completion_tokens = total.unwrap_or_else(|| self.choices.iter().map(|c| c.count).sum());
         let result = JobResult {
@@ -610,10 +568,7 @@ impl Accumulator {
                 })
                 .collect(),
         };
-        let _ = tx.send(Msg::Done {
-            job: self.job,
-            result,
-        });
+        let _ = tx.send((self.job, Owned::Done { result }));
         Ok(())
     }
 
@@ -636,29 +591,34 @@ impl Accumulator {
             }
         }
         self.started = true;
-        let _ = tx.send(Msg::Started {
-            job: self.job,
-            seeds: seeds.clone(),
-        });
+        let _ = tx.send((
+            self.job,
+            Owned::Started {
+                prompt: None,
+                seeds: seeds.clone(),
+            },
+        ));
         for (i, c) in answer.choices.iter().enumerate() {
-            let _ = tx.send(Msg::Token {
-                job: self.job,
-                choice: i as u32,
-                seed: seeds[i],
-                token: TokenInfo {
-                    text: c.text.clone(),
-                    ..placeholder()
-                },
-                text: c.text.clone(),
-                finish: Some(c.finish),
-                usage: Some(Counts {
-                    prompt_tokens: answer.usage.prompt_tokens,
-                    completion_tokens: match &c.tokens {
-                        Some(t) if self.n > 1 => t.len() as u32,
-                        _ => answer.usage.completion_tokens,
+            let _ = tx.send((
+                self.job,
+                Owned::Token {
+                    choice: i as u32,
+                    seed: seeds[i],
+                    token: TokenInfo {
+                        text: c.text.clone(),
+                        ..placeholder()
                     },
-                }),
-            });
+                    text: c.text.clone(),
+                    finish: Some(c.finish),
+                    usage: Some(Counts {
+                        prompt_tokens: answer.usage.prompt_tokens,
+                        completion_tokens: match &c.tokens {
+                            Some(t) if self.n > 1 => t.len() as u32,
+                            _ => answer.usage.completion_tokens,
+                        },
+                    }),
+                },
+            ));
         }
         let result = JobResult {
             drafts: Default::default(),
@@ -679,10 +639,7 @@ impl Accumulator {
                 })
                 .collect(),
         };
-        let _ = tx.send(Msg::Done {
-            job: self.job,
-            result,
-        });
+        let _ = tx.send((self.job, Owned::Done { result }));
         Ok(())
     }
 }

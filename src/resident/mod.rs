@@ -12,9 +12,10 @@ mod place;
 mod ps;
 pub mod wire;
 
+pub use place::identity;
 pub use ps::{ps, stop};
 
-use crate::backend::{Backend, Event, RunOptions, Sink};
+use crate::backend::{Backend, Event, Owned, RunOptions, Sink};
 use crate::error::{CmplError, ErrorKind, Result};
 use crate::models::ModelRef;
 use crate::options::Runtime;
@@ -27,7 +28,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use wire::Said;
 
 /// Slots a resident has without `--parallel`.
 pub const DEFAULT_SLOTS: u32 = 4;
@@ -71,7 +71,14 @@ pub fn open(model: &ModelRef, runtime: &Runtime, keep_alive: Duration) -> Result
         Err(why) => return fallback(why),
     };
     let started = Instant::now();
-    match ensure(&socket, model, runtime, keep_alive)? {
+    let mut resident = Resident {
+        socket,
+        model: model.clone(),
+        runtime: runtime.clone(),
+        keep_alive,
+        slots: DEFAULT_SLOTS,
+    };
+    match resident.ensure()? {
         Ok(status) => {
             if runtime.verbose {
                 let how = match status["requests"].as_u64() {
@@ -82,44 +89,151 @@ pub fn open(model: &ModelRef, runtime: &Runtime, keep_alive: Duration) -> Result
                 eprintln!(
                     "cmpl: keep-alive: resident {} on unix:{} ({how})",
                     status["pid"],
-                    socket.display()
+                    resident.socket.display()
                 );
             }
-            Ok(Some(Resident {
-                slots: status["slots"].as_u64().map_or(DEFAULT_SLOTS, |s| s as u32),
-                socket,
-                model: model.clone(),
-                runtime: runtime.clone(),
-                keep_alive,
-            }))
+            if let Some(slots) = status["slots"].as_u64() {
+                resident.slots = slots as u32;
+            }
+            Ok(Some(resident))
         }
         Err(why) => fallback(why),
     }
 }
 
-/// The resident on `socket` answering, started if need be: its status, or
-/// why none can be used. A load's failure is the caller's error.
-fn ensure(
-    socket: &Path,
-    model: &ModelRef,
-    runtime: &Runtime,
-    keep_alive: Duration,
-) -> Result<Result<serde_json::Value, String>> {
-    // A resident leaving just as it is found: start another, a few times.
-    for _ in 0..TRIES {
+impl Resident {
+    /// The resident on its socket answering, started if need be: its
+    /// status, or why none can be used. A load's failure is the caller's error.
+    fn ensure(&self) -> Result<Result<serde_json::Value, String>> {
+        // A resident leaving just as it is found: start another, a few times.
+        for _ in 0..TRIES {
+            match find(&self.socket) {
+                Found::Up(status) => return Ok(Ok(status)),
+                Found::Foreign(why) => return Ok(Err(why)),
+                Found::Absent => {}
+            }
+            if let Err(why) = self.start()? {
+                return Ok(Err(why));
+            }
+        }
+        Ok(Err(format!(
+            "the resident on {} did not answer",
+            self.socket.display()
+        )))
+    }
+
+    /// Starts the resident unless another caller did meanwhile (one lock
+    /// per socket: callers started together make one resident).
+    fn start(&self) -> Result<Result<(), String>> {
+        let socket = &self.socket;
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::OpenOptionsExt;
+        let lock_path = socket.with_extension("lock");
+        let lock = match std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&lock_path)
+        {
+            Ok(lock) => lock,
+            Err(e) => return Ok(Err(format!("cannot write {}: {e}", lock_path.display()))),
+        };
+        // SAFETY: flock on a descriptor this function owns.
+        while unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            if INTERRUPTED.load(Ordering::Relaxed) {
+                return Err(CmplError::interrupted());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         match find(socket) {
-            Found::Up(status) => return Ok(Ok(status)),
+            Found::Up(_) => return Ok(Ok(())),
             Found::Foreign(why) => return Ok(Err(why)),
             Found::Absent => {}
         }
-        if let Err(why) = start(socket, model, runtime, keep_alive)? {
-            return Ok(Err(why));
+        if let place::Socket::Ours = place::socket(socket) {
+            let _ = std::fs::remove_file(socket);
         }
+        self.spawn().map(Ok)
+        // The lock goes with `lock`: waiting callers now find it up.
     }
-    Ok(Err(format!(
-        "the resident on {} did not answer",
-        socket.display()
-    )))
+
+    /// Runs `cmpl --serve unix:SOCKET` detached (its own session, no
+    /// terminal, its log in the cache folder) and waits until it listens, or
+    /// reports why it could not (a model that does not load: the same error
+    /// as loading it here).
+    fn spawn(&self) -> Result<()> {
+        let (socket, model) = (&self.socket, &self.model);
+        use std::os::unix::process::CommandExt;
+        let exe = std::env::current_exe()?;
+        let log = place::log_path(socket);
+        let stderr = log
+            .as_ref()
+            .and_then(|p| std::fs::File::create(p).ok())
+            .map_or_else(std::process::Stdio::null, std::process::Stdio::from);
+        let mut listen = std::ffi::OsString::from("unix:");
+        listen.push(socket);
+        let mut cmd = std::process::Command::new(exe);
+        cmd.arg("--serve")
+            .arg(listen)
+            .arg(format!("--keep-alive={}s", self.keep_alive.as_secs()))
+            .arg("-m")
+            .arg(std::fs::canonicalize(&model.path).unwrap_or_else(|_| model.path.clone()))
+            .args(load_flags(&self.runtime))
+            .env("CMPL_RESIDENT_READY", "1")
+            // Its socket is this user's alone: no key is asked there.
+            .env_remove("CMPL_API_KEY")
+            .env_remove("CMPL_API_KEY_FILE")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(stderr);
+        // SAFETY: setsid is async-signal-safe; the child has one thread here.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn()?;
+        let (tx, rx) = mpsc::channel();
+        if let Some(out) = child.stdout.take() {
+            std::thread::spawn(move || {
+                let mut line = String::new();
+                let _ = std::io::BufReader::new(out.take(1 << 20)).read_line(&mut line);
+                let _ = tx.send(line);
+            });
+        }
+        let line = loop {
+            match rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(line) => break line,
+                Err(mpsc::RecvTimeoutError::Disconnected) => break String::new(),
+                Err(mpsc::RecvTimeoutError::Timeout) if INTERRUPTED.load(Ordering::Relaxed) => {
+                    // It goes on loading, detached, for the next call.
+                    return Err(CmplError::interrupted());
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+            }
+        };
+        if line.trim() == "ready" {
+            return Ok(());
+        }
+        // Anything else: it failed, or said something else first; either way
+        // it is not used (and not left running).
+        if let Ok(None) = child.try_wait() {
+            let _ = child.kill();
+        }
+        let status = child.wait().ok();
+        if let Some(e) = error_data(&line) {
+            return Err(e);
+        }
+        Err(CmplError::internal(format!(
+            "the resident for {} exited as it started ({}); its log: {}",
+            model.path.display(),
+            status.map_or_else(|| "no status".to_string(), |s| s.to_string()),
+            log.map_or_else(|| "none".to_string(), |p| p.display().to_string())
+        )))
+    }
 }
 
 fn find(socket: &Path) -> Found {
@@ -152,122 +266,6 @@ fn find(socket: &Path) -> Found {
             )),
         },
     }
-}
-
-/// Starts the resident for `socket` unless another caller did meanwhile
-/// (one lock per socket: callers started together make one resident).
-fn start(
-    socket: &Path,
-    model: &ModelRef,
-    runtime: &Runtime,
-    keep_alive: Duration,
-) -> Result<Result<(), String>> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::OpenOptionsExt;
-    let lock_path = socket.with_extension("lock");
-    let lock = match std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&lock_path)
-    {
-        Ok(lock) => lock,
-        Err(e) => return Ok(Err(format!("cannot write {}: {e}", lock_path.display()))),
-    };
-    // SAFETY: flock on a descriptor this function owns.
-    while unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        if INTERRUPTED.load(Ordering::Relaxed) {
-            return Err(CmplError::interrupted());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    match find(socket) {
-        Found::Up(_) => return Ok(Ok(())),
-        Found::Foreign(why) => return Ok(Err(why)),
-        Found::Absent => {}
-    }
-    if let place::Socket::Ours = place::socket(socket) {
-        let _ = std::fs::remove_file(socket);
-    }
-    spawn(socket, model, runtime, keep_alive).map(Ok)
-    // The lock goes with `lock`: waiting callers now find it up.
-}
-
-/// Runs `cmpl --serve unix:SOCKET` detached (its own session, no
-/// terminal, its log in the cache folder) and waits until it listens, or
-/// reports why it could not (a model that does not load: the same error
-/// as loading it here).
-fn spawn(socket: &Path, model: &ModelRef, runtime: &Runtime, keep_alive: Duration) -> Result<()> {
-    use std::os::unix::process::CommandExt;
-    let exe = std::env::current_exe()?;
-    let log = place::log_path(socket);
-    let stderr = log
-        .as_ref()
-        .and_then(|p| std::fs::File::create(p).ok())
-        .map_or_else(std::process::Stdio::null, std::process::Stdio::from);
-    let mut listen = std::ffi::OsString::from("unix:");
-    listen.push(socket);
-    let mut cmd = std::process::Command::new(exe);
-    cmd.arg("--serve")
-        .arg(listen)
-        .arg(format!("--keep-alive={}s", keep_alive.as_secs()))
-        .arg("-m")
-        .arg(std::fs::canonicalize(&model.path).unwrap_or_else(|_| model.path.clone()))
-        .args(load_flags(runtime))
-        .env("CMPL_RESIDENT_READY", "1")
-        // Its socket is this user's alone: no key is asked there.
-        .env_remove("CMPL_API_KEY")
-        .env_remove("CMPL_API_KEY_FILE")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(stderr);
-    // SAFETY: setsid is async-signal-safe; the child has one thread here.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::setsid();
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn()?;
-    let (tx, rx) = mpsc::channel();
-    if let Some(out) = child.stdout.take() {
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = std::io::BufReader::new(out.take(1 << 20)).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-    }
-    let line = loop {
-        match rx.recv_timeout(Duration::from_millis(100)) {
-            Ok(line) => break line,
-            Err(mpsc::RecvTimeoutError::Disconnected) => break String::new(),
-            Err(mpsc::RecvTimeoutError::Timeout) if INTERRUPTED.load(Ordering::Relaxed) => {
-                // It goes on loading, detached, for the next call.
-                return Err(CmplError::interrupted());
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
-        }
-    };
-    if line.trim() == "ready" {
-        return Ok(());
-    }
-    // Anything else: it failed, or said something else first; either way
-    // it is not used (and not left running).
-    if let Ok(None) = child.try_wait() {
-        let _ = child.kill();
-    }
-    let status = child.wait().ok();
-    if let Some(e) = error_data(&line) {
-        return Err(e);
-    }
-    Err(CmplError::internal(format!(
-        "the resident for {} exited as it started ({}); its log: {}",
-        model.path.display(),
-        status.map_or_else(|| "no status".to_string(), |s| s.to_string()),
-        log.map_or_else(|| "none".to_string(), |p| p.display().to_string())
-    )))
 }
 
 /// The resident's flags for `runtime`'s load settings (all of them given,
@@ -316,7 +314,7 @@ fn error_data(line: &str) -> Option<CmplError> {
 enum Heard {
     /// Its socket, to be shut when the run ends early.
     Connected(UnixStream),
-    Said(Said),
+    Said(Owned),
     /// Busy (503): asked again shortly.
     Busy,
     /// Gone before any event (a resident leaving or killed): start
@@ -392,11 +390,11 @@ impl Backend for Resident {
                     conns.insert(job, c);
                     Ok(())
                 }
-                Heard::Said(Said::Rejected { kind, .. }) if kind == ErrorKind::Unfit.api_type() => {
+                Heard::Said(Owned::Rejected { error }) if error.kind == ErrorKind::Unfit => {
                     unfit.push(job);
                     Ok(())
                 }
-                Heard::Said(said) => said.event(job, sink),
+                Heard::Said(said) => said.report(job, sink),
                 Heard::Busy => {
                     waiting.push_back(job);
                     Ok(())
@@ -411,7 +409,7 @@ impl Backend for Resident {
                         ))
                     } else {
                         // Killed or gone idle: a fresh one takes the request.
-                        match ensure(&self.socket, &self.model, &self.runtime, self.keep_alive)? {
+                        match self.ensure()? {
                             Ok(_) => {
                                 waiting.push_front(job);
                                 Ok(())
@@ -489,10 +487,10 @@ fn carry(socket: &Path, job: usize, body: &[u8], tx: &mpsc::Sender<(usize, Heard
                     "the resident's answer ended mid-line",
                 )))
             }
-            Ok(_) => match serde_json::from_str::<Said>(&line) {
+            Ok(_) => match serde_json::from_str::<Owned>(&line) {
                 Ok(said) => {
                     any = true;
-                    whole = matches!(said, Said::Done { .. } | Said::Rejected { .. });
+                    whole = said.ends();
                     heard(Heard::Said(said));
                 }
                 Err(e) => {

@@ -87,19 +87,7 @@ pub fn socket(path: &Path) -> Socket {
 /// the same name is another resident) and every setting that changes an
 /// answer.
 pub fn socket_path(dir: &Path, model: &ModelRef, runtime: &Runtime) -> Result<PathBuf, String> {
-    let file = |p: &Path| -> Result<String, String> {
-        let canon = std::fs::canonicalize(p).map_err(|e| format!("{}: {e}", p.display()))?;
-        let m = std::fs::metadata(&canon).map_err(|e| format!("{}: {e}", p.display()))?;
-        Ok(format!(
-            "{}|{}|{}|{}|{}.{}",
-            canon.display(),
-            m.dev(),
-            m.ino(),
-            m.size(),
-            m.mtime(),
-            m.mtime_nsec()
-        ))
-    };
+    let file = |p: &Path| identity(p).map_err(|e| format!("{}: {e}", p.display()));
     let exe = std::env::current_exe().map_err(|e| format!("this program's path: {e}"))?;
     let r = runtime;
     let key = format!(
@@ -125,6 +113,23 @@ pub fn socket_path(dir: &Path, model: &ModelRef, runtime: &Runtime) -> Result<Pa
         ));
     }
     Ok(path)
+}
+
+/// Which file `path` is now: its real path, device, inode, size and
+/// modification time. Another file under the same name reads differently
+/// (what a resident's name is made of, and what it watches).
+pub fn identity(path: &Path) -> std::io::Result<String> {
+    let canon = std::fs::canonicalize(path)?;
+    let m = std::fs::metadata(&canon)?;
+    Ok(format!(
+        "{}|{}|{}|{}|{}.{}",
+        canon.display(),
+        m.dev(),
+        m.ino(),
+        m.size(),
+        m.mtime(),
+        m.mtime_nsec()
+    ))
 }
 
 /// The residents' log folder: cmpl's cache folder.

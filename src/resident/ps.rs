@@ -92,7 +92,7 @@ pub fn ps(out: &mut dyn Write) -> Result<()> {
 /// after its requests in flight, and waits until they are gone.
 pub fn stop(which: &str, out: &mut dyn Write) -> Result<()> {
     let wanted = (which != "all").then(|| {
-        crate::models::local_path(which)
+        crate::models::local_or_cached(which)
             .and_then(|p| std::fs::canonicalize(p).ok())
             .unwrap_or_else(|| PathBuf::from(which))
     });

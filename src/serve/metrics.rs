@@ -48,7 +48,7 @@ impl Metrics {
         self.drafted.fetch_add(u64::from(f.drafts.drafted), Relaxed);
         self.accepted
             .fetch_add(u64::from(f.drafts.accepted), Relaxed);
-        self.refused(f.status);
+        self.answered(f.status);
         let seconds = f.started.elapsed().as_secs_f64();
         if let Ok(mut l) = self.latency.lock() {
             let bucket = BUCKETS
@@ -60,8 +60,9 @@ impl Metrics {
         }
     }
 
-    /// A completion answered with `status` before it reached the decode loop.
-    pub fn refused(&self, status: u16) {
+    /// A completion answered with `status` (one refused before the decode
+    /// loop, or finished: `finished` counts those).
+    pub fn answered(&self, status: u16) {
         if let Ok(mut s) = self.statuses.lock() {
             *s.entry(status).or_default() += 1;
         }

@@ -82,8 +82,6 @@ pub struct ServeOptions {
     /// Started by a caller (`CMPL_RESIDENT_READY`): stdout is a pipe that
     /// hears `ready` once this listens, or the error that stopped it.
     pub ready_pipe: bool,
-    /// The load settings, as `--ps` shows them.
-    pub settings: String,
 }
 
 /// What every connection shares.
@@ -115,6 +113,7 @@ pub fn run(
     engine: &'static Engine,
     model: String,
     config: &Config,
+    runtime: &crate::options::Runtime,
     opts: &ServeOptions,
 ) -> Result<()> {
     let key = api_key()?;
@@ -144,7 +143,7 @@ pub fn run(
         last_active: Arc::new(AtomicU64::new(0)),
         born: Instant::now(),
         path: engine.model_file().to_path_buf(),
-        settings: opts.settings.clone(),
+        settings: settings(runtime, opts),
         keep_alive: opts.keep_alive,
     });
     // The decode loop's thread: `ready` once its context exists, `ended`
@@ -175,11 +174,14 @@ pub fn run(
         // anything listens.
         return join(decoder);
     }
-    let listener = Listener::bind(&opts.listen)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
+    let listener = {
+        let _in_runtime = runtime.enter();
+        Listener::bind(&opts.listen)?
+    };
     eprintln!(
         "cmpl: serving {model} on {} (Ctrl-C to stop)",
         listener.shown(&opts.listen)
@@ -215,6 +217,30 @@ pub fn run(
         }
         outcome => outcome,
     }
+}
+
+/// The load settings, as `--ps` shows them.
+fn settings(r: &crate::options::Runtime, opts: &ServeOptions) -> String {
+    let shown = |v: Option<u32>| v.map_or_else(|| "default".to_string(), |v| v.to_string());
+    let mut settings = format!(
+        "slots {}, ctx {}, threads {}, ngl {}, lookup {}",
+        opts.parallel,
+        shown(opts.ctx_size),
+        shown(r.threads),
+        shown(r.n_gpu_layers),
+        shown(r.lookup)
+    );
+    for (on, name) in [
+        (!r.repack, "no-repack"),
+        (!r.prefix_cache, "no-prefix-cache"),
+        (r.deterministic, "deterministic"),
+    ] {
+        if on {
+            settings.push_str(", ");
+            settings.push_str(name);
+        }
+    }
+    settings
 }
 
 fn join(decoder: std::thread::JoinHandle<Result<()>>) -> Result<()> {
@@ -270,19 +296,15 @@ fn connection_limit() -> usize {
 trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
 
-/// The listening socket, before and after the runtime takes it.
+/// The listening socket.
 enum Listener {
-    Tcp(std::net::TcpListener),
-    /// With the socket file's inode: removed on the way out only if still ours.
-    Unix(std::os::unix::net::UnixListener, PathBuf, u64),
-}
-
-enum Accepting {
     Tcp(tokio::net::TcpListener),
-    Unix(tokio::net::UnixListener),
+    /// With the socket file's inode: removed on the way out only if still ours.
+    Unix(tokio::net::UnixListener, PathBuf, u64),
 }
 
 impl Listener {
+    /// Binds `listen` (within the runtime).
     fn bind(listen: &Listen) -> Result<Listener> {
         let cannot = |e: std::io::Error| {
             CmplError::new(
@@ -290,10 +312,14 @@ impl Listener {
                 format!("cannot listen on {listen}: {e}"),
             )
         };
-        let listener = match listen {
-            Listen::Tcp(addr) => Listener::Tcp(std::net::TcpListener::bind(addr).map_err(cannot)?),
+        match listen {
+            Listen::Tcp(addr) => {
+                let l = std::net::TcpListener::bind(addr).map_err(cannot)?;
+                l.set_nonblocking(true)?;
+                Ok(Listener::Tcp(tokio::net::TcpListener::from_std(l)?))
+            }
             Listen::Unix(path) => {
-                use std::os::unix::fs::{MetadataExt, PermissionsExt};
+                use std::os::unix::fs::MetadataExt;
                 // 0600 from the start, never briefly open to others: the
                 // process's umask, for this one call.
                 // SAFETY: umask only swaps the process's file mode mask.
@@ -302,17 +328,15 @@ impl Listener {
                 // SAFETY: as above, restoring it.
                 unsafe { libc::umask(mask) };
                 let l = bound.map_err(cannot)?;
-                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-                    .map_err(cannot)?;
                 let ino = std::fs::symlink_metadata(path).map_err(cannot)?.ino();
-                Listener::Unix(l, path.clone(), ino)
+                l.set_nonblocking(true)?;
+                Ok(Listener::Unix(
+                    tokio::net::UnixListener::from_std(l)?,
+                    path.clone(),
+                    ino,
+                ))
             }
-        };
-        match &listener {
-            Listener::Tcp(l) => l.set_nonblocking(true)?,
-            Listener::Unix(l, ..) => l.set_nonblocking(true)?,
         }
-        Ok(listener)
     }
 
     /// Where it listens, as the start-up line says it (the port bound).
@@ -324,18 +348,16 @@ impl Listener {
             Listener::Unix(..) => listen.to_string(),
         }
     }
-}
 
-impl Accepting {
     /// The next connection; `None` for one to drop (a peer of another
     /// user on a Unix socket, or a passing failure).
     async fn accept(&self) -> Option<Box<dyn Io>> {
         match self {
-            Accepting::Tcp(l) => match l.accept().await {
+            Listener::Tcp(l) => match l.accept().await {
                 Ok((stream, _)) => Some(Box::new(stream)),
                 Err(_) => None,
             },
-            Accepting::Unix(l) => match l.accept().await {
+            Listener::Unix(l, ..) => match l.accept().await {
                 Ok((stream, _)) => {
                     // SAFETY: getuid has no preconditions.
                     let me = unsafe { libc::getuid() };
@@ -344,6 +366,18 @@ impl Accepting {
                 }
                 Err(_) => None,
             },
+        }
+    }
+
+    /// Stops listening. New callers find no socket (and start a fresh
+    /// resident) from here on; one that is already another resident's is
+    /// left alone.
+    fn close(self) {
+        if let Listener::Unix(_, path, ino) = self {
+            use std::os::unix::fs::MetadataExt;
+            if std::fs::symlink_metadata(&path).is_ok_and(|m| m.ino() == ino) {
+                let _ = std::fs::remove_file(&path);
+            }
         }
     }
 }
@@ -362,13 +396,6 @@ fn ready_said() {
     }
 }
 
-/// The model file as it was: a change means another file under its name.
-fn file_identity(path: &std::path::Path) -> Option<(u64, u64, u64, i64, i64)> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(path).ok()?;
-    Some((m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
-}
-
 /// Accepts connections (at most `connections` open at once, see `conns`) until the first
 /// signal, then waits up to `drain` for those open; or until the decode
 /// loop ends on its own; or, for a resident, when it has been idle its
@@ -380,13 +407,6 @@ async fn serve(
     ended: &AtomicBool,
     drain: Duration,
 ) -> Result<Stop> {
-    let (accepting, socket_file) = match listener {
-        Listener::Tcp(l) => (Accepting::Tcp(tokio::net::TcpListener::from_std(l)?), None),
-        Listener::Unix(l, path, ino) => (
-            Accepting::Unix(tokio::net::UnixListener::from_std(l)?),
-            Some((path, ino)),
-        ),
-    };
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(hyper_util::rt::TokioTimer::new())
@@ -394,11 +414,11 @@ async fn serve(
         .keep_alive(true);
     let conns = Arc::new(conns::Conns::new(connections));
     let mut poll = tokio::time::interval(Duration::from_millis(100));
-    let model_file = file_identity(&shared.path);
+    let model_file = crate::resident::identity(&shared.path).ok();
     let mut ticks = 0u64;
     let stop = loop {
         tokio::select! {
-            accepted = accepting.accept() => {
+            accepted = listener.accept() => {
                 let Some(stream) = accepted else {
                     // Out of descriptors or another passing failure: wait
                     // instead of spinning on it.
@@ -449,22 +469,14 @@ async fn serve(
                     }
                 }
                 // Once a second: never answer for another file than the one loaded.
-                if ticks % 10 == 0 && file_identity(&shared.path) != model_file {
+                if ticks % 10 == 0 && crate::resident::identity(&shared.path).ok() != model_file {
                     eprintln!("cmpl: the model file {} changed on disk: stopping", shared.path.display());
                     break Stop::Drained;
                 }
             }
         }
     };
-    // New callers find no socket (and start a fresh resident) from here on;
-    // one that is already another resident's is left alone.
-    if let Some((path, ino)) = socket_file {
-        use std::os::unix::fs::MetadataExt;
-        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.ino() == ino) {
-            let _ = std::fs::remove_file(&path);
-        }
-    }
-    drop(accepting);
+    listener.close();
     if stop == Stop::EngineEnded {
         return Ok(stop);
     }
@@ -483,7 +495,7 @@ async fn handle(req: hyper::Request<Incoming>, shared: Arc<Shared>) -> Response 
     let (method, path) = (req.method().clone(), req.uri().path().to_string());
     let response = route(req, &shared).await;
     if is_completions(&path) && response.status() != StatusCode::OK {
-        shared.metrics.refused(response.status().as_u16());
+        shared.metrics.answered(response.status().as_u16());
     }
     // Completions log when their answer is whole (the worker); others here.
     if !is_completions(&path) || response.status() != StatusCode::OK {

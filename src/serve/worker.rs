@@ -70,7 +70,7 @@ impl Face {
         match self {
             Face::Printer(p) => p.event(event),
             Face::Events(channel) => {
-                let line = crate::resident::wire::Said::from(&event).line();
+                let line = crate::resident::wire::line(&(&event).into());
                 channel.write_all(line.as_bytes())?;
                 channel.flush().map_err(CmplError::from)
             }
@@ -147,7 +147,7 @@ pub fn run(
                     "cmpl: POST {} 499 0 tokens 0.000 s (left while queued)",
                     submission.path
                 );
-                metrics.refused(499);
+                metrics.answered(499);
                 continue;
             }
             break submission;
@@ -206,7 +206,7 @@ pub fn run(
             match event {
                 Event::Rejected { ref error, .. } if matches!(client.face, Face::Events(_)) => {
                     // A caller's error travels as an event, to be printed there.
-                    metrics.refused(super::status_of(error).as_u16());
+                    metrics.answered(super::status_of(error).as_u16());
                     let _ = client.face.event(event);
                     clients.remove(&job);
                     Ok(())

@@ -3,7 +3,7 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 
 fn sdk_python() -> PathBuf {
     let python = std::env::var_os("CMPL_SDK_PYTHON")
@@ -20,11 +20,10 @@ fn sdk_python() -> PathBuf {
     python
 }
 
-/// Asserts that the SDK parses every line of `lines` (`response<TAB>JSON`
-/// or `chunk<TAB>JSON`), with tests/sdk_check.py.
-pub fn assert_sdk_parses(lines: &str) {
+/// Runs the SDK's Python with `args`, `input` on its stdin.
+pub fn python(args: &[&std::ffi::OsStr], input: &str) -> Output {
     let mut child = Command::new(sdk_python())
-        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sdk_check.py"))
+        .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -34,9 +33,16 @@ pub fn assert_sdk_parses(lines: &str) {
         .stdin
         .take()
         .unwrap()
-        .write_all(lines.as_bytes())
+        .write_all(input.as_bytes())
         .unwrap();
-    let out = child.wait_with_output().unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// Asserts that the SDK parses every line of `lines` (`response<TAB>JSON`
+/// or `chunk<TAB>JSON`), with tests/sdk_check.py.
+pub fn assert_sdk_parses(lines: &str) {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sdk_check.py");
+    let out = python(&[script.as_os_str()], lines);
     assert!(
         out.status.success(),
         "the SDK rejected cmpl's output:\n{}",
