@@ -3,9 +3,10 @@
 //! keeps them) against a call of 1, k = 0..=16, on one sequence after a
 //! prompt; with SEQS above 1, a call of SEQS × (1 + k) tokens, each
 //! sequence in a stream of its own (a batch's or a server's slots), against
-//! SEQS × 1. Run by `bench/lookup`; a developer's measurement, not a test.
+//! SEQS × 1, k up to MAX_K (16) or as far as a 512-token call holds. Run by
+//! `bench/lookup`; a developer's measurement, not a test.
 //!
-//!     cargo run --release --example verify_cost -- MODEL [THREADS] [SEQS]
+//!     cargo run --release --example verify_cost -- MODEL [THREADS] [SEQS] [MAX_K]
 
 use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::llama_backend::LlamaBackend;
@@ -19,9 +20,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let path = args
         .next()
-        .ok_or("usage: verify_cost MODEL [THREADS] [SEQS]")?;
+        .ok_or("usage: verify_cost MODEL [THREADS] [SEQS] [MAX_K]")?;
     let threads: i32 = args.next().map_or(Ok(2), |t| t.parse())?;
     let seqs: i32 = args.next().map_or(Ok(1), |t| t.parse())?;
+    let max_k: usize = args.next().map_or(Ok(16), |t| t.parse())?;
+    let max_k = max_k.min((512 / seqs.max(1) as usize).saturating_sub(1));
     let mut backend = LlamaBackend::init()?;
     backend.void_logs();
     let model = LlamaModel::load_from_file(&backend, &path, &LlamaModelParams::default())?;
@@ -49,7 +52,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let runs = 15;
     let mut base = 0.0;
     println!("k\tms/call\tratio to k=0");
-    for k in 0..=16usize {
+    for k in 0..=max_k {
         let mut times = Vec::with_capacity(runs);
         for _ in 0..runs {
             batch.clear();

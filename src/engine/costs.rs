@@ -236,7 +236,33 @@ impl Costs {
             .and_then(|()| std::fs::rename(&tmp, &path));
         if written.is_err() {
             let _ = std::fs::remove_file(&tmp);
+            return;
         }
+        prune(dir, KEPT_FILES);
+    }
+}
+
+/// Curves kept at most: one per model file, machine and settings, so a
+/// user who tries many models (or a test suite's copies of one) would
+/// otherwise grow the folder without end. The least recently written go.
+const KEPT_FILES: usize = 64;
+
+/// Leaves the `keep` newest curves in `dir`.
+fn prune(dir: &std::path::Path, keep: usize) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut curves: Vec<(std::time::SystemTime, PathBuf)> = entries
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .collect();
+    if curves.len() <= keep {
+        return;
+    }
+    curves.sort_unstable_by_key(|c| std::cmp::Reverse(c.0));
+    for (_, path) in &curves[keep..] {
+        let _ = std::fs::remove_file(path);
     }
 }
 
@@ -338,5 +364,28 @@ mod tests {
         let mut bad = c.to_json();
         bad["secs"][3] = json!(-1.0);
         assert!(Costs::from_json(&bad).is_none());
+    }
+
+    #[test]
+    fn the_folder_keeps_the_newest_curves() {
+        let dir = std::env::temp_dir().join(format!("cmpl-costs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let t0 = std::time::SystemTime::now() - std::time::Duration::from_secs(100);
+        for i in 0..5u64 {
+            let path = dir.join(format!("m{i}.json"));
+            std::fs::write(&path, "{}").unwrap();
+            let f = std::fs::File::options().write(true).open(&path).unwrap();
+            f.set_modified(t0 + std::time::Duration::from_secs(i))
+                .unwrap();
+        }
+        std::fs::write(dir.join("notes.txt"), "not a curve").unwrap();
+        prune(&dir, 3);
+        let mut left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["m2.json", "m3.json", "m4.json", "notes.txt"]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -3,13 +3,16 @@
 //! are indexed by their n-grams; the draft is what followed an earlier
 //! occurrence of the n-gram the text now ends with: of its latest few, the
 //! one whose preceding tokens agree with the text's end the longest (a
-//! list item's opening words recur, the sentence it quotes does not). The scheduler
-//! verifies a draft in one decode call and tells the drafter how much of it
-//! the model took. Each drafter keeps an estimate of how often its draft
-//! tokens are taken and drafts only as long as that pays for the call's
+//! list item's opening words recur, the sentence it quotes does not). The
+//! scheduler verifies a draft in one decode call, and the tokens it appends
+//! tell the drafter how far the model took its offer, as they do for an
+//! offer it did not draft. Each drafter keeps an estimate of how far its
+//! offers are taken and drafts only as long as that pays for the call's
 //! extra cost, so free text and sampled answers, which rarely repeat
-//! themselves, pay little. A draft the step does not take still teaches:
-//! the tokens that follow tell how much of it the model would have taken.
+//! themselves, pay little. The estimate is of run lengths, not of a share
+//! per token: a copy is either not taken at all (a chance match) or taken
+//! far, and a share averaged over both would make every long draft look
+//! like a loss.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -27,13 +30,14 @@ pub const FORCED_TAKEN: f64 = 0.9;
 /// longer the agreement, the more likely the text is copying that source
 /// (drafts there are taken whole far more often than after a chance match).
 const AGREEING: [usize; 3] = [4, 8, 16];
-/// The estimate before any evidence, for each class: taken 2 times in 3
-/// after a 2- or 3-token match, 9 in 10 within a 16-token copy; worth
-/// [`PRIOR_WEIGHT`] draft tokens decided.
+/// The estimate before any evidence, for each class: each draft token
+/// taken (its predecessors taken) 2 times in 3 after a 2- or 3-token match,
+/// 9 in 10 within a 16-token copy; worth [`PRIOR_WEIGHT`] drafts decided
+/// at each position.
 /// Then the same classes for offers from earlier answers (see [`History`]),
 /// each its own evidence and a lower prior: another request's text is a
 /// weaker guide than the request's own.
-const PRIOR: [f64; 2 * CLASSES] = [2.0 / 3.0, 0.75, 0.8, 0.9, 0.5, 0.6, 0.7, 0.8];
+const PRIOR: [f64; 2 * CLASSES] = [0.7, 0.8, 0.9, 0.95, 0.5, 0.6, 0.7, 0.8];
 const CLASSES: usize = AGREEING.len() + 1;
 /// Between earlier answers and the request's own text in a drafter's: no
 /// token's id, so no n-gram or agreement runs across it.
@@ -41,7 +45,9 @@ const BETWEEN: i32 = -1;
 /// Earlier answers kept for drafts, in tokens, and of each answer.
 const HISTORY_TOKENS: usize = 4096;
 const ANSWER_TOKENS: usize = 1024;
-const PRIOR_WEIGHT: f64 = 3.0;
+const PRIOR_WEIGHT: f64 = 2.5;
+/// Draft positions whose odds are kept apart; past the last, its odds.
+const POSITIONS: usize = 16;
 /// How many of an n-gram's latest occurrences are compared for the longest
 /// agreement, and how far back.
 const CANDIDATES: usize = 16;
@@ -49,8 +55,9 @@ const AGREEMENT_CAP: usize = 64;
 /// No earlier occurrence.
 const NONE: u32 = u32::MAX;
 
-/// How much of the evidence a verification keeps (recent drafts count most).
-const KEEP_VERIFIED: f64 = 0.8;
+/// How much of a class's evidence each further offer checked keeps (recent
+/// offers count most).
+const KEEP_EVIDENCE: f64 = 0.9;
 /// The least expected gain (tokens per unit of decode time, against 1
 /// without a draft) worth a draft: the costs are measured, and noisy, and a
 /// draft that barely pays by them may not pay.
@@ -71,20 +78,28 @@ pub struct Drafter {
     earlier: [Vec<u32>; NGRAMS.len()],
     /// The most tokens a draft may have (`--lookup`).
     max: usize,
-    /// Draft tokens taken and draft tokens the model decided on (the ones
-    /// taken, and the first one refused), decayed; apart for each class of
-    /// agreement ([`AGREEING`]) between the offer's source and the text.
-    taken: [f64; PRIOR.len()],
-    tried: [f64; PRIOR.len()],
-    /// Which class the offer last drafted counts for.
-    drafting: usize,
+    /// For each class of agreement ([`AGREEING`]) between the offer's
+    /// source and the text, and each draft position: the drafts the model
+    /// decided at that position (its predecessors taken; the position
+    /// taken or refused), and those taken there, decayed. Their ratio is
+    /// the odds of a position given the ones before it (the product-limit
+    /// estimate of how far a draft is taken, drafts cut short counting
+    /// only as far as they went).
+    decided: [[f64; POSITIONS]; PRIOR.len()],
+    taken: [[f64; POSITIONS]; PRIOR.len()],
+    /// What the priors are raised to: 1 for an argmax, more the hotter a
+    /// choice samples (see [`Drafter::with_history`]).
+    prior_power: f64,
     /// Where the request's own text begins (earlier answers before it),
     /// and its answer.
     own: usize,
     answer: usize,
-    /// The offer a step did not draft, checked against the tokens that
-    /// follow it: evidence as good as a verification, for free.
-    shadow: Option<Shadow>,
+    /// Offers a step did not draft, one per class at most, each checked
+    /// against the tokens that follow it: evidence as good as a
+    /// verification, for free. A copy's opening is judged by how far such
+    /// offers went, drafts that came later in the copy included (were
+    /// they dropped there, only the copies that ended early would count).
+    shadows: [Option<Shadow>; PRIOR.len()],
 }
 
 /// An offer not drafted: where its tokens are in the text, how many, and
@@ -94,28 +109,32 @@ struct Shadow {
     start: usize,
     len: usize,
     matched: usize,
-    class: usize,
 }
 
 impl Drafter {
     /// A drafter over `prompt` whose drafts have at most `max` tokens.
     #[cfg(test)]
     pub fn new(prompt: &[i32], max: usize) -> Drafter {
-        Drafter::with_history(&[], prompt, max)
+        Drafter::with_history(&[], prompt, max, 0.0)
     }
 
     /// A drafter over `prompt` that may also draft from `history`, earlier
-    /// answers ([`History::text`]).
-    pub fn with_history(history: &[i32], prompt: &[i32], max: usize) -> Drafter {
+    /// answers ([`History::text`]), for a choice that samples at
+    /// `temperature`. A sampled choice draws a copy's token with the odds
+    /// the model gives it, not whenever it is the likeliest, so its copies
+    /// break sooner the hotter it samples: before any evidence, its odds
+    /// are the priors raised to 1 + 1.5 × temperature (0.9 becomes 0.86
+    /// at 0.3, 0.79 at 0.8); the evidence then decides.
+    pub fn with_history(history: &[i32], prompt: &[i32], max: usize, temperature: f64) -> Drafter {
         let mut d = Drafter {
             tokens: Vec::with_capacity(history.len() + prompt.len() + 64),
             index: Default::default(),
             earlier: Default::default(),
             max,
-            taken: [0.0; PRIOR.len()],
-            tried: [0.0; PRIOR.len()],
-            drafting: 0,
-            shadow: None,
+            decided: [[0.0; POSITIONS]; PRIOR.len()],
+            taken: [[0.0; POSITIONS]; PRIOR.len()],
+            shadows: [None; PRIOR.len()],
+            prior_power: 1.0 + 1.5 * temperature.max(0.0),
             own: history.len(),
             answer: history.len() + prompt.len(),
         };
@@ -132,14 +151,16 @@ impl Drafter {
 
     /// Appends a token of the text.
     pub fn push(&mut self, token: i32) {
-        if let Some(mut shadow) = self.shadow.take() {
+        for class in 0..PRIOR.len() {
+            let Some(shadow) = &mut self.shadows[class] else {
+                continue;
+            };
             let followed = self.tokens[shadow.start + shadow.matched] == token;
             shadow.matched += usize::from(followed);
-            if followed && shadow.matched < shadow.len {
-                self.shadow = Some(shadow);
-            } else {
-                self.drafting = shadow.class;
-                self.verified(shadow.len, shadow.matched);
+            if !followed || shadow.matched == shadow.len {
+                let (len, matched) = (shadow.len, shadow.matched);
+                self.shadows[class] = None;
+                self.record(class, len, matched);
             }
         }
         let len = self.tokens.len();
@@ -154,14 +175,16 @@ impl Drafter {
 
     /// What this choice could draft next: at most `limit` tokens that
     /// followed an earlier occurrence of the text's end (none if it was not
-    /// seen before), and the share of draft tokens it expects the model to
-    /// take.
+    /// seen before), and how far it expects the model to take it.
     pub fn offer(&self, limit: usize) -> Option<Offer<'_>> {
         let (start, end, class) = self.continuation(limit)?;
-        let prior = PRIOR[class] * PRIOR_WEIGHT;
+        let prior = PRIOR[class].powf(self.prior_power) * PRIOR_WEIGHT;
+        let odds = std::array::from_fn(|j| {
+            (self.taken[class][j] + prior) / (self.decided[class][j] + PRIOR_WEIGHT)
+        });
         Some(Offer {
             tokens: &self.tokens[start..end],
-            taken: (self.taken[class] + prior) / (self.tried[class] + PRIOR_WEIGHT),
+            odds,
             room: limit.min(self.max),
         })
     }
@@ -220,41 +243,57 @@ impl Drafter {
 
     /// The step drafted nothing for this choice (not worth its cost): its
     /// offer of at most `limit` tokens is checked against the tokens that
-    /// follow instead, unless an earlier one still is. So a drafter that
+    /// follow instead, unless one of its class still is. So a drafter that
     /// gave up drafts again once its offers are being followed.
     pub fn skipped(&mut self, limit: usize) {
-        if self.shadow.is_none() {
-            self.shadow = self
-                .continuation(limit)
-                .filter(|(start, end, _)| end > start)
-                .map(|(start, end, class)| Shadow {
-                    start,
-                    len: end - start,
-                    matched: 0,
-                    class,
-                });
+        let Some((start, end, class)) = self.continuation(limit) else {
+            return;
+        };
+        if end > start && self.shadows[class].is_none() {
+            self.shadows[class] = Some(Shadow {
+                start,
+                len: end - start,
+                matched: 0,
+            });
         }
     }
 
-    /// The step drafts its offer of at most `limit` tokens for this choice:
-    /// the draft's verification is the evidence for the next tokens, not an
-    /// offer still being checked.
+    /// The step drafts (part of) its offer of at most `limit` tokens for
+    /// this choice: the whole offer is checked against the tokens that
+    /// follow, the draft's and those after it (a draft taken whole says
+    /// nothing of the positions past it; the token drawn after it and the
+    /// next do). An offer of its class still being checked counts as far
+    /// as it went.
     pub fn drafted(&mut self, limit: usize) {
-        self.shadow = None;
-        if let Some((_, _, class)) = self.continuation(limit) {
-            self.drafting = class;
+        let Some((start, end, class)) = self.continuation(limit) else {
+            return;
+        };
+        if let Some(shadow) = self.shadows[class].take() {
+            self.record(class, shadow.matched, shadow.matched);
         }
+        self.shadows[class] = Some(Shadow {
+            start,
+            len: end - start,
+            matched: 0,
+        });
     }
 
-    /// Of a draft of `drafted` tokens, the model took the first `accepted`.
-    pub fn verified(&mut self, drafted: usize, accepted: usize) {
+    /// Evidence for `class`: of `drafted` tokens offered, the first
+    /// `accepted` were taken (the next refused, if there was one).
+    fn record(&mut self, class: usize, drafted: usize, accepted: usize) {
         if drafted == 0 {
             return;
         }
-        let decided = accepted + usize::from(accepted < drafted);
-        let b = self.drafting;
-        self.taken[b] = self.taken[b] * KEEP_VERIFIED + accepted as f64;
-        self.tried[b] = self.tried[b] * KEEP_VERIFIED + decided as f64;
+        let decided = (accepted + usize::from(accepted < drafted)).min(POSITIONS);
+        let (taken, tried) = (&mut self.taken[class], &mut self.decided[class]);
+        for j in 0..POSITIONS {
+            taken[j] *= KEEP_EVIDENCE;
+            tried[j] *= KEEP_EVIDENCE;
+            if j < decided {
+                tried[j] += 1.0;
+                taken[j] += f64::from(u8::from(j < accepted));
+            }
+        }
     }
 }
 
@@ -299,21 +338,41 @@ impl History {
     }
 }
 
-/// Tokens a step yields from a draft of `k` when each draft token is taken
-/// with probability `p` (while the ones before it were): 1 + p + … + p^k.
-fn expected_tokens(p: f64, k: usize) -> f64 {
-    (0..=k).map(|i| p.powi(i as i32)).sum()
-}
-
 /// A choice's next draft, if the step takes it.
 #[derive(Clone, Copy)]
 pub struct Offer<'d> {
     /// The tokens offered (none: the choice only fills its draft).
     pub tokens: &'d [i32],
-    /// The expected share of draft tokens taken.
-    pub taken: f64,
+    /// For each draft position, the odds that the model takes its token
+    /// once it took the ones before (past the last: the last's).
+    pub odds: [f64; POSITIONS],
     /// The most tokens its draft may have, filler included.
     pub room: usize,
+}
+
+impl Offer<'_> {
+    /// An offer whose every token is taken with the odds `p` (a forced
+    /// draft's, or none for a choice that only fills its draft).
+    pub fn uniform(tokens: &[i32], p: f64, room: usize) -> Offer<'_> {
+        Offer {
+            tokens,
+            odds: [p; POSITIONS],
+            room,
+        }
+    }
+
+    /// Tokens a step yields with `k` tokens of this draft: the one the
+    /// model draws, and each draft token as likely as the odds of it and
+    /// of all before it.
+    fn expected_tokens(&self, k: usize) -> f64 {
+        let mut reach = 1.0;
+        let mut tokens = 1.0;
+        for j in 0..k.min(self.tokens.len()) {
+            reach *= self.odds[j.min(POSITIONS - 1)];
+            tokens += reach;
+        }
+        tokens
+    }
 }
 
 /// The draft length for a step whose running choices offer `offers`, all of
@@ -337,10 +396,7 @@ pub fn plan(offers: &[Offer], room: usize, call_cost: impl Fn(usize) -> f64) -> 
     (1..=longest)
         .filter(|&k| k <= fits && seqs * k <= room)
         .map(|k| {
-            let tokens: f64 = offers
-                .iter()
-                .map(|o| expected_tokens(o.taken, k.min(o.tokens.len())))
-                .sum();
+            let tokens: f64 = offers.iter().map(|o| o.expected_tokens(k)).sum();
             (k, tokens / call_cost(seqs * (1 + k)) * plain)
         })
         .filter(|&(_, gain)| gain > MIN_GAIN)
@@ -439,89 +495,114 @@ mod tests {
         assert_eq!(d.offer(3).unwrap().tokens, [3, 4, 1]);
     }
 
-    #[test]
-    fn drafts_as_long_as_the_taken_share_pays_for() {
-        // The text ends with "1 2 3", seen once before, at its start: a
-        // chance match (three tokens agree), with a long continuation.
-        let text: Vec<i32> = (1..=20).chain([50, 51, 1, 2, 3]).collect();
-        let mut d = Drafter::new(&text, 15);
-        // The prior (2 in 3 taken): a short draft.
-        assert_eq!(draft(&d, 15).len(), 3);
-        // Drafts taken whole: longer ones.
-        for _ in 0..6 {
-            let k = draft(&d, 15).len();
+    /// One step of a choice whose model writes `next` from here: its draft
+    /// as planned (else its offer checked in the shadow), then the tokens
+    /// the step yields (the draft's taken ones and the model's own).
+    /// Returns the draft's length and how much of it was taken.
+    fn step(d: &mut Drafter, next: &[i32]) -> (usize, usize) {
+        let drafted = draft(d, 15);
+        if drafted.is_empty() {
+            d.skipped(15);
+        } else {
             d.drafted(15);
-            d.verified(k, k);
         }
-        assert_eq!(draft(&d, 15).len(), 15);
-        // Drafts refused at once: shorter ones, then none.
+        let taken = drafted.iter().zip(next).take_while(|(a, b)| a == b).count();
+        for &t in &next[..=taken] {
+            d.push(t);
+        }
+        (drafted.len(), taken)
+    }
+
+    #[test]
+    fn drafts_as_long_as_the_evidence_pays_for() {
+        // A prompt of 300 distinct tokens; the text ends with its first
+        // three: a chance match (three tokens agree), with a long
+        // continuation.
+        let source: Vec<i32> = (1..=300).collect();
+        let mut prompt = source.clone();
+        prompt.extend([900, 901, 1, 2, 3]);
+        let mut d = Drafter::new(&prompt, 15);
+        // Before any evidence, a chance match's prior: a shorter draft than
+        // a copy's (below).
+        let first = draft(&d, 15).len();
+        assert!((1..15).contains(&first), "{first}");
+        // The model copies on: each draft taken whole, and longer ones.
+        let mut at = 3;
+        let mut longest = 0;
+        for _ in 0..8 {
+            let (k, taken) = step(&mut d, &source[at..]);
+            assert_eq!(taken, k);
+            longest = longest.max(k);
+            at += k + 1;
+        }
+        assert_eq!(longest, 15);
+        // The model leaves the copy for good (it writes tokens never seen):
+        // every draft is refused, and it stops drafting soon.
+        let mut fresh = 1000..;
         let refused = (0..100)
             .position(|_| {
-                let k = draft(&d, 15).len();
-                d.drafted(15);
-                d.verified(k, 0);
+                let (k, taken) = step(&mut d, &[fresh.next().unwrap()]);
+                assert_eq!(taken, 0);
                 k == 0
             })
             .unwrap();
         assert!(refused <= 12, "stops after {refused} refusals");
-        // Its offers are still checked against the text that follows them:
-        // once the text follows them again (and agrees with their source
-        // longer), it drafts again.
+        // A chance match refused throughout: none drafted, its offers
+        // checked in the shadow.
+        let mut prompt = source.clone();
+        prompt.extend([900, 1, 2]);
+        let mut d = Drafter::new(&prompt, 15);
+        for _ in 0..30 {
+            d.skipped(15);
+            d.push(fresh.next().unwrap());
+            d.push(1);
+            d.push(2);
+        }
+        assert!(draft(&d, 15).is_empty());
+        // Once the text follows its offers again (and agrees with their
+        // source longer), it drafts again.
         let steps = (0..100)
-            .position(|_| {
-                let Some(next) = d.offer(15).map(|o| o.tokens[0]) else {
-                    return true;
-                };
-                if !draft(&d, 15).is_empty() {
-                    return true;
-                }
-                d.skipped(15);
-                d.push(next);
-                false
+            .position(|i| {
+                let (k, _) = step(&mut d, &source[2 + i..]);
+                k > 0
             })
             .unwrap();
         assert!(
             (1..=15).contains(&steps),
             "drafts again after {steps} steps"
         );
-        // An offer the text leaves at once is evidence too.
-        let text: Vec<i32> = (1..=16).collect::<Vec<_>>().repeat(3);
-        let mut d = Drafter::new(&text, 15);
-        for _ in 0..40 {
-            let next = d.offer(15).map_or(1, |o| o.tokens[0] % 16 + 1);
-            d.skipped(15);
-            d.push(next);
-        }
-        assert!(draft(&d, 15).is_empty());
         // `--lookup` caps the length.
-        let text: Vec<i32> = (1..=20).chain([50, 51, 1, 2, 3]).collect();
-        let mut d = Drafter::new(&text, 5);
+        let mut prompt = source.clone();
+        prompt.extend([900, 901, 1, 2, 3]);
+        let mut d = Drafter::new(&prompt, 5);
+        assert!(draft(&d, 15).len() <= 5);
+        let mut at = 3;
         for _ in 0..6 {
-            let k = draft(&d, 15).len();
-            d.drafted(15);
-            d.verified(k, k);
+            let (k, _) = step(&mut d, &source[at..]);
+            assert!(k <= 5);
+            at += k + 1;
         }
-        assert_eq!(draft(&d, 15).len(), 3);
     }
 
     #[test]
     fn offers_inside_a_copy_are_judged_apart_from_chance_matches() {
         // The text ends with sixteen tokens seen before: its offer is part
-        // of a copy, and drafts longer at once than a chance match (7
-        // tokens, where a chance match drafts 3). Chance matches refused
-        // throughout do not stop it.
+        // of a copy, and drafts longer at once than a chance match.
+        // Chance matches refused throughout do not stop it.
         let text: Vec<i32> = (1..=16).collect::<Vec<_>>().repeat(2);
         let mut d = Drafter::new(&text, 15);
         assert_eq!(d.continuation(15).unwrap().2, 3);
+        let chance = Drafter::new(&[9, 8, 7, 6, 5, 1, 2, 3, 50, 51, 52, 53, 1, 2, 3], 15);
+        assert_eq!(chance.continuation(15).unwrap().2, 0);
+        let copy = draft(&d, 15).len();
+        assert!(copy > draft(&chance, 15).len());
         for _ in 0..20 {
-            d.drafting = 0;
-            d.verified(7, 0);
+            d.record(0, 7, 0);
         }
-        assert_eq!(draft(&d, 15).len(), 7);
+        assert_eq!(draft(&d, 15).len(), copy);
         // Its own refusals do.
         for _ in 0..20 {
-            d.drafted(15);
-            d.verified(7, 0);
+            d.record(3, 7, 0);
         }
         assert!(draft(&d, 15).is_empty());
         // Agreeing only in its last few tokens, an offer is not a copy's.
@@ -532,13 +613,48 @@ mod tests {
     }
 
     #[test]
+    fn run_lengths_not_shares_decide_a_draft() {
+        // Offers of one class that are either refused at once or taken
+        // fifteen tokens far, half and half: a share per token (15 in 16
+        // of tokens decided were taken) and run lengths both expect a long
+        // draft to pay, but only run lengths see that a short one is
+        // taken half the time.
+        let mut d = Drafter::new(&[1, 2, 3, 4, 1, 2], 15);
+        for _ in 0..10 {
+            d.record(0, 15, 0);
+            d.record(0, 15, 15);
+        }
+        let o = d.offer(15).unwrap();
+        assert!(o.odds[0] < 0.65, "{}", o.odds[0]);
+        assert!(o.odds[5] > 0.85, "{}", o.odds[5]);
+    }
+
+    #[test]
+    fn a_hotter_choice_expects_shorter_runs_until_its_evidence_says() {
+        // The same copy's offer (sixteen tokens agree): sampled, its draws
+        // leave a copy sooner than an argmax does, so it starts shorter.
+        let text: Vec<i32> = (1..=16).collect::<Vec<_>>().repeat(2);
+        let draft_at = |t: f64| {
+            let d = Drafter::with_history(&[], &text, 15, t);
+            let o = d.offer(15).unwrap();
+            (o.odds[0], draft(&d, 15).len())
+        };
+        let (greedy, warm, hot) = (draft_at(0.0), draft_at(0.3), draft_at(0.8));
+        assert!(greedy.0 > warm.0 && warm.0 > hot.0);
+        assert!(greedy.1 >= warm.1 && warm.1 >= hot.1);
+        assert!(greedy.1 >= 11, "{}", greedy.1);
+        // Its copies taken far: it drafts as long as an argmax would.
+        let mut d = Drafter::with_history(&[], &text, 15, 0.8);
+        for _ in 0..10 {
+            d.record(3, 15, 15);
+        }
+        assert_eq!(draft(&d, 15).len(), 15);
+    }
+
+    #[test]
     fn several_choices_draft_alike_when_it_pays_under_their_load() {
         let tokens = [1; 15];
-        let offer = |taken| Offer {
-            tokens: &tokens,
-            taken,
-            room: 15,
-        };
+        let offer = |taken| Offer::uniform(&tokens, taken, 15);
         // Alone, a choice that expects most of a draft taken drafts long.
         assert!(plan(&[offer(0.95)], 512) >= 11);
         // Eight of them fill a call eight times as wide already: shorter.
@@ -586,7 +702,7 @@ mod tests {
         assert_eq!(text.last(), Some(&BETWEEN));
         // A new request's answer begins the same way: the earlier answer's
         // continuation is offered, and ends where that answer ended.
-        let mut d = Drafter::with_history(&text, &[1, 2, 3], 15);
+        let mut d = Drafter::with_history(&text, &[1, 2, 3], 15, 0.0);
         assert!(d.offer(15).is_none(), "the prompt is not in the history");
         for t in [10, 11, 12] {
             d.push(t);
@@ -595,7 +711,7 @@ mod tests {
         assert_eq!(d.answer(), [10, 11, 12]);
         // Its evidence is its own class's, with a lower prior.
         let own = Drafter::new(&[10, 11, 12, 13, 14, 15, 16, 17, 10, 11, 12], 15);
-        assert!(d.offer(15).unwrap().taken < own.offer(15).unwrap().taken);
+        assert!(d.offer(15).unwrap().odds[0] < own.offer(15).unwrap().odds[0]);
         // Bounded: the oldest go first.
         for i in 0..100 {
             h.add(&[i; 100]);
@@ -612,11 +728,7 @@ mod tests {
     #[test]
     fn a_steeper_curve_drafts_shorter_and_a_flat_one_longer() {
         let tokens = [1; 15];
-        let offer = Offer {
-            tokens: &tokens,
-            taken: 0.8,
-            room: 15,
-        };
+        let offer = Offer::uniform(&tokens, 0.8, 15);
         let on = |cost: fn(usize) -> f64| super::plan(&[offer], 512, cost);
         // Every extra token as dear as the first (no evidence): no draft.
         assert_eq!(on(|n| n as f64), 0);
@@ -624,6 +736,6 @@ mod tests {
         assert!(on(|n| 1.0 + 0.01 * n as f64) >= 12);
         // The Xeon's steps: a length that fills a multiple of four.
         assert_eq!((on(xeon) + 1) % 4, 0);
-        assert!(expected_tokens(0.5, 3) == 1.875);
+        assert!(Offer::uniform(&tokens, 0.5, 15).expected_tokens(3) == 1.875);
     }
 }

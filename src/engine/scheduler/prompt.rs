@@ -413,7 +413,9 @@ impl Run<'_> {
         } else {
             Vec::new()
         };
-        let drafter = (lookup > 0).then(|| Drafter::with_history(&history, &ids, lookup));
+        let temperature = f64::from(job.request.sampling.temperature);
+        let drafter =
+            (lookup > 0).then(|| Drafter::with_history(&history, &ids, lookup, temperature));
         let mut choices = Vec::with_capacity(n as usize);
         for (i, &seq) in seqs.iter().enumerate() {
             let guide = job.guide.as_ref().map(guide::Compiled::guide);

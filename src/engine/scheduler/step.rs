@@ -156,19 +156,11 @@ impl Run<'_> {
         let mut offers = Vec::with_capacity(seqs);
         for ((c, &limit), draft) in self.running.iter().zip(&limits).zip(&forced) {
             let offer = if !draft.is_empty() {
-                Some(lookup::Offer {
-                    tokens: draft,
-                    taken: lookup::FORCED_TAKEN,
-                    room: limit,
-                })
+                Some(lookup::Offer::uniform(draft, lookup::FORCED_TAKEN, limit))
             } else {
                 c.drafter.as_ref().and_then(|d| d.offer(limit))
             };
-            offers.push(offer.unwrap_or(lookup::Offer {
-                tokens: &[],
-                taken: 0.0,
-                room: limit,
-            }));
+            offers.push(offer.unwrap_or(lookup::Offer::uniform(&[], 0.0, limit)));
         }
         // The batch holds one token per choice and the drafts (twice in
         // deterministic mode, with ballast), and there each stream's pass
@@ -244,9 +236,6 @@ impl Run<'_> {
         if taken < draft.tokens.len() {
             ctx.clear_kv_cache_seq(Some(c.seq as u32), Some(c.pos as u32), None)
                 .map_err(|e| CmplError::internal(format!("KV removal: {e}")))?;
-        }
-        if let (Some(d), false) = (&mut c.drafter, c.forced) {
-            d.verified(draft.offered, taken.min(draft.offered));
         }
         self.running.push(c);
         Ok(())
