@@ -31,9 +31,10 @@ pub const FORCED_TAKEN: f64 = 0.9;
 /// (drafts there are taken whole far more often than after a chance match).
 const AGREEING: [usize; 3] = [4, 8, 16];
 /// The estimate before any evidence, for each class: each draft token
-/// taken (its predecessors taken) 2 times in 3 after a 2- or 3-token match,
-/// 9 in 10 within a 16-token copy; worth [`PRIOR_WEIGHT`] drafts decided
-/// at each position.
+/// taken (its predecessors taken) 7 times in 10 after a 2- or 3-token
+/// match, 19 in 20 within a 16-token copy (for an argmax; a sampled choice's
+/// are lower, see [`Drafter::with_history`]); worth [`PRIOR_WEIGHT`] offers
+/// decided at each position.
 /// Then the same classes for offers from earlier answers (see [`History`]),
 /// each its own evidence and a lower prior: another request's text is a
 /// weaker guide than the request's own.
