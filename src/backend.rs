@@ -70,29 +70,14 @@ pub enum Event<'a> {
 
 impl<'a> Event<'a> {
     /// The same event about job `job`.
-    pub fn for_job(self, job: usize) -> Event<'a> {
-        match self {
-            Event::Rejected { error, .. } => Event::Rejected { job, error },
-            Event::Started { prompt, seeds, .. } => Event::Started { job, prompt, seeds },
-            Event::Token {
-                choice,
-                seed,
-                token,
-                text,
-                finish,
-                usage,
-                ..
-            } => Event::Token {
-                job,
-                choice,
-                seed,
-                token,
-                text,
-                finish,
-                usage,
-            },
-            Event::Done { result, .. } => Event::Done { job, result },
+    pub fn for_job(mut self, job: usize) -> Event<'a> {
+        match &mut self {
+            Event::Rejected { job: j, .. }
+            | Event::Started { job: j, .. }
+            | Event::Token { job: j, .. }
+            | Event::Done { job: j, .. } => *j = job,
         }
+        self
     }
 
     /// The job the event is about.
