@@ -3,7 +3,10 @@
 //! are indexed by their n-grams; the draft is what followed an earlier
 //! occurrence of the n-gram the text now ends with: of its latest few, the
 //! one whose preceding tokens agree with the text's end the longest (a
-//! list item's opening words recur, the sentence it quotes does not). The
+//! list item's opening words recur, the sentence it quotes does not). A
+//! copy that changed a word and goes on is judged as the copy it was, and
+//! an offer that reaches the text's end goes on as the text would if it
+//! kept copying itself (a loop). The
 //! scheduler verifies a draft in one decode call, and the tokens it appends
 //! tell the drafter how far the model took its offer, as they do for an
 //! offer it did not draft. Each drafter keeps an estimate of how far its
@@ -14,6 +17,7 @@
 //! far, and a share averaged over both would make every long draft look
 //! like a loss.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 
 /// The n-gram lengths looked up, longest first: a longer match predicts
@@ -38,8 +42,10 @@ const AGREEING: [usize; 3] = [4, 8, 16];
 /// Then the same classes for offers from earlier answers (see [`History`]),
 /// each its own evidence and a lower prior: another request's text is a
 /// weaker guide than the request's own.
-const PRIOR: [f64; 2 * CLASSES] = [0.7, 0.8, 0.9, 0.95, 0.5, 0.6, 0.7, 0.8];
-const CLASSES: usize = AGREEING.len() + 1;
+/// The last class of each: a copy resumed (see [`COPIED`]).
+const PRIOR: [f64; 2 * CLASSES] = [0.7, 0.8, 0.9, 0.95, 0.9, 0.5, 0.6, 0.7, 0.8, 0.7];
+const CLASSES: usize = AGREEING.len() + 2;
+const RESUMING: usize = CLASSES - 1;
 /// Between earlier answers and the request's own text in a drafter's: no
 /// token's id, so no n-gram or agreement runs across it.
 const BETWEEN: i32 = -1;
@@ -53,6 +59,16 @@ const POSITIONS: usize = 16;
 /// agreement, and how far back.
 const CANDIDATES: usize = 16;
 const AGREEMENT_CAP: usize = 64;
+/// A copy that broke off after [`COPIED`] tokens at least and goes on from
+/// its source within [`RESUME_SKIP`] tokens of where it broke, within
+/// [`RESUME_WITHIN`] tokens of the text, is the same copy resumed (a word
+/// changed, a comma added, a clause left out): its offers are judged as if
+/// they agreed [`AGREEING`]`[1]` tokens when one is chosen, and by evidence
+/// of their own (a class of their own: where a copy broke off, what follows
+/// often echoes its source by chance).
+const COPIED: usize = 4;
+const RESUME_SKIP: usize = 16;
+const RESUME_WITHIN: usize = 16;
 /// No earlier occurrence.
 const NONE: u32 = u32::MAX;
 
@@ -101,6 +117,9 @@ pub struct Drafter {
     /// offers went, drafts that came later in the copy included (were
     /// they dropped there, only the copies that ended early would count).
     shadows: [Option<Shadow>; PRIOR.len()],
+    /// Where the latest copy broke off: the index of its source's token the
+    /// text did not follow, and the text's length then (see [`COPIED`]).
+    broke: Option<(usize, usize)>,
 }
 
 /// An offer not drafted: where its tokens are in the text, how many, and
@@ -135,6 +154,7 @@ impl Drafter {
             decided: [[0.0; POSITIONS]; PRIOR.len()],
             taken: [[0.0; POSITIONS]; PRIOR.len()],
             shadows: [None; PRIOR.len()],
+            broke: None,
             prior_power: 1.0 + 1.5 * temperature.max(0.0),
             own: history.len(),
             answer: history.len() + prompt.len(),
@@ -160,6 +180,9 @@ impl Drafter {
             shadow.matched += usize::from(followed);
             if !followed || shadow.matched == shadow.len {
                 let (len, matched) = (shadow.len, shadow.matched);
+                if matched >= COPIED {
+                    self.broke = Some((shadow.start + matched, self.tokens.len()));
+                }
                 self.shadows[class] = None;
                 self.record(class, len, matched);
             }
@@ -183,8 +206,20 @@ impl Drafter {
         let odds = std::array::from_fn(|j| {
             (self.taken[class][j] + prior) / (self.decided[class][j] + PRIOR_WEIGHT)
         });
+        let len = self.tokens.len();
+        // Past the text's end, a copy of the text's own end repeats itself
+        // (a loop: the latest occurrence is a period back).
+        let tokens = if end <= len {
+            Cow::Borrowed(&self.tokens[start..end])
+        } else {
+            Cow::Owned(
+                (0..end - start)
+                    .map(|j| self.tokens[start + j % (len - start)])
+                    .collect(),
+            )
+        };
         Some(Offer {
-            tokens: &self.tokens[start..end],
+            tokens,
             odds,
             room: limit.min(self.max),
         })
@@ -203,25 +238,44 @@ impl Drafter {
                 Some((*map.get(&key(gram))?, earlier))
             },
         )?;
-        let mut best = (self.agreement(at as usize), at as usize);
+        let resumes = |at: usize| {
+            self.broke.is_some_and(|(source, when)| {
+                len - when <= RESUME_WITHIN && (source..=source + RESUME_SKIP).contains(&at)
+            })
+        };
+        let rank = |at: usize| {
+            let agreement = self.agreement(at);
+            if resumes(at) {
+                agreement.max(AGREEING[1])
+            } else {
+                agreement
+            }
+        };
+        let mut best = (rank(at as usize), at as usize);
         for _ in 1..CANDIDATES {
             at = earlier[at as usize];
             if at == NONE {
                 break;
             }
-            let agreement = self.agreement(at as usize);
-            if agreement > best.0 {
-                best = (agreement, at as usize);
+            let r = rank(at as usize);
+            if r > best.0 {
+                best = (r, at as usize);
             }
         }
-        let (agreement, start) = best;
-        let mut class = AGREEING.iter().filter(|&&a| agreement >= a).count();
+        let start = best.1;
+        let agreement = self.agreement(start);
+        let mut class = if agreement < AGREEING[1] && resumes(start) {
+            RESUMING
+        } else {
+            AGREEING.iter().filter(|&&a| agreement >= a).count()
+        };
         if start < self.own {
             class += CLASSES;
         }
-        let longest = (len - start).min(limit).min(self.max);
+        // An offer from the text's own end goes on past it (see `offer`).
+        let longest = limit.min(self.max);
         // An earlier answer's offer ends with that answer.
-        let end = self.tokens[start..start + longest]
+        let end = self.tokens[start..(start + longest).min(len)]
             .iter()
             .position(|&t| t == BETWEEN)
             .map_or(start + longest, |i| start + i);
@@ -340,10 +394,10 @@ impl History {
 }
 
 /// A choice's next draft, if the step takes it.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub struct Offer<'d> {
     /// The tokens offered (none: the choice only fills its draft).
-    pub tokens: &'d [i32],
+    pub tokens: Cow<'d, [i32]>,
     /// For each draft position, the odds that the model takes its token
     /// once it took the ones before (past the last: the last's).
     pub odds: [f64; POSITIONS],
@@ -356,7 +410,7 @@ impl Offer<'_> {
     /// draft's, or none for a choice that only fills its draft).
     pub fn uniform(tokens: &[i32], p: f64, room: usize) -> Offer<'_> {
         Offer {
-            tokens,
+            tokens: Cow::Borrowed(tokens),
             odds: [p; POSITIONS],
             room,
         }
@@ -445,13 +499,16 @@ mod tests {
         // "a b c d e f" then "x b c d": the text ends with "b c d", seen
         // before followed by "e f".
         let d = Drafter::new(&[1, 2, 3, 4, 5, 6, 9, 2, 3, 4], 15);
-        assert_eq!(d.offer(15).unwrap().tokens, [5, 6, 9, 2, 3, 4]);
+        assert_eq!(d.offer(6).unwrap().tokens[..], [5, 6, 9, 2, 3, 4]);
+        // Past the text's end the copy would copy itself: "e f x b c d"
+        // again.
+        assert_eq!(d.offer(8).unwrap().tokens[..], [5, 6, 9, 2, 3, 4, 5, 6]);
         assert_eq!(draft(&d, 15), [5, 6, 9]);
         // A later occurrence wins: "b c d" again, now followed by 7.
         let d = Drafter::new(&[1, 2, 3, 4, 5, 6, 2, 3, 4, 7, 8, 9, 2, 3, 4], 15);
         assert_eq!(draft(&d, 15), [7, 8, 9]);
         // The limit, and the length that pays most within it.
-        assert_eq!(d.offer(2).unwrap().tokens, [7, 8]);
+        assert_eq!(d.offer(2).unwrap().tokens[..], [7, 8]);
         assert_eq!(draft(&d, 2), [7, 8]);
         // Nothing seen before: no offer.
         assert!(Drafter::new(&[1, 2, 3, 4, 5], 15).offer(15).is_none());
@@ -459,7 +516,9 @@ mod tests {
         let mut d = Drafter::new(&[7, 7], 15);
         assert!(d.offer(15).is_none());
         d.push(7);
-        assert_eq!(draft(&d, 15), [7]);
+        // A loop of one token: it goes on as a copy of itself would.
+        assert_eq!(d.offer(15).unwrap().tokens[..], [7; 15]);
+        assert_eq!(draft(&d, 15), [7, 7, 7]);
     }
 
     #[test]
@@ -470,12 +529,12 @@ mod tests {
             7, 8, 9, 1, 2, 3, 4, 50, 51, 6, 9, 1, 2, 3, 4, 60, 61, 7, 8, 9, 1, 2, 3, 4,
         ];
         let d = Drafter::new(&text, 15);
-        assert_eq!(d.offer(2).unwrap().tokens, [50, 51]);
+        assert_eq!(d.offer(2).unwrap().tokens[..], [50, 51]);
         // Seven tokens agree: the class from four on.
         assert_eq!(d.continuation(2).unwrap().2, 1);
         // Where they agree alike, the latest.
         let d = Drafter::new(&text[..text.len() - 3], 15);
-        assert_eq!(d.offer(2).unwrap().tokens, [2, 3]);
+        assert_eq!(d.offer(2).unwrap().tokens[..], [2, 3]);
     }
 
     #[test]
@@ -484,7 +543,10 @@ mod tests {
         let text = [5, 1, 2, 3, 4, 6, 1, 2, 8, 8, 8, 5, 1, 2];
         assert_eq!(Drafter::new(&text, 15).offer(3).unwrap().tokens[0], 3);
         // Ends "5 1": only the 2-gram matches: its latest continuation.
-        assert_eq!(Drafter::new(&text[..13], 15).offer(1).unwrap().tokens, [2]);
+        assert_eq!(
+            Drafter::new(&text[..13], 15).offer(1).unwrap().tokens[..],
+            [2]
+        );
     }
 
     #[test]
@@ -493,7 +555,7 @@ mod tests {
         for t in [4, 1, 2] {
             d.push(t);
         }
-        assert_eq!(d.offer(3).unwrap().tokens, [3, 4, 1]);
+        assert_eq!(d.offer(3).unwrap().tokens[..], [3, 4, 1]);
     }
 
     /// One step of a choice whose model writes `next` from here: its draft
@@ -614,6 +676,87 @@ mod tests {
     }
 
     #[test]
+    fn a_copy_resumed_after_an_edit_drafts_as_a_copy() {
+        let source: Vec<i32> = (1..=300).collect();
+        let mut prompt = source.clone();
+        prompt.extend([900, 901, 1, 2, 3]);
+        let copying = || {
+            let mut d = Drafter::new(&prompt, 15);
+            let mut at = 3;
+            for _ in 0..4 {
+                let (k, taken) = step(&mut d, &source[at..]);
+                assert_eq!(taken, k);
+                at += k + 1;
+            }
+            (d, at)
+        };
+        // The model changes a token (999 for the source's next), then
+        // copies on: two tokens agree, as after a chance match, but the
+        // offer goes on from where the copy broke off.
+        let (mut d, at) = copying();
+        let (_, taken) = step(&mut d, &[999]);
+        assert_eq!(taken, 0);
+        d.push(source[at + 1]);
+        d.push(source[at + 2]);
+        assert_eq!(d.continuation(15).unwrap().2, RESUMING);
+        assert_eq!(d.offer(1).unwrap().tokens[..], [source[at + 3]]);
+        let resumed = draft(&d, 15).len();
+        // The same tokens with no copy before them: a chance match.
+        let mut text = source.clone();
+        text.extend([900, 999, source[at + 1], source[at + 2]]);
+        let chance = Drafter::new(&text, 15);
+        assert_eq!(chance.continuation(15).unwrap().2, 0);
+        assert!(resumed > draft(&chance, 15).len(), "{resumed}");
+        // A clause left out: the copy resumes a few tokens further on.
+        let (mut d, at) = copying();
+        step(&mut d, &[999]);
+        d.push(source[at + 6]);
+        d.push(source[at + 7]);
+        assert_eq!(d.continuation(15).unwrap().2, RESUMING);
+        // Far from where it broke off, or long after, a match is a chance.
+        let (mut d, at) = copying();
+        step(&mut d, &[999]);
+        d.push(source[at + 40]);
+        d.push(source[at + 41]);
+        assert_eq!(d.continuation(15).unwrap().2, 0);
+        let (mut d, at) = copying();
+        for t in 1000..1020 {
+            d.push(t);
+        }
+        d.push(source[at + 1]);
+        d.push(source[at + 2]);
+        assert_eq!(d.continuation(15).unwrap().2, 0);
+        // Resumed copies refused: their own evidence stops their drafts.
+        for _ in 0..20 {
+            d.record(RESUMING, 7, 0);
+        }
+        let (mut d2, at) = copying();
+        d2.decided[RESUMING] = d.decided[RESUMING];
+        d2.taken[RESUMING] = d.taken[RESUMING];
+        step(&mut d2, &[999]);
+        d2.push(source[at + 1]);
+        d2.push(source[at + 2]);
+        assert!(draft(&d2, 15).is_empty());
+    }
+
+    #[test]
+    fn a_loop_drafts_as_a_copy_of_itself() {
+        // A text repeating three tokens over: each offer is a period long
+        // where it ends, and goes on as the loop would.
+        let mut d = Drafter::new(&[5, 1, 2, 3, 1, 2, 3, 1, 2, 3], 15);
+        assert_eq!(d.offer(15).unwrap().tokens[..], [1, 2, 3].repeat(5));
+        let looping: Vec<i32> = [1, 2, 3].repeat(100);
+        let (mut at, mut longest) = (0, 0);
+        for _ in 0..8 {
+            let (k, taken) = step(&mut d, &looping[at..]);
+            assert_eq!(taken, k);
+            longest = longest.max(k);
+            at += k + 1;
+        }
+        assert_eq!(longest, 15);
+    }
+
+    #[test]
     fn run_lengths_not_shares_decide_a_draft() {
         // Offers of one class that are either refused at once or taken
         // fifteen tokens far, half and half: a share per token (15 in 16
@@ -678,19 +821,10 @@ mod tests {
         // A shorter offer, or none, is filled up: it costs its rows and
         // counts for what it offers.
         let short = [1; 2];
-        let two = [
-            offer(0.95),
-            Offer {
-                tokens: &short,
-                ..offer(0.95)
-            },
-        ];
+        let two = [offer(0.95), Offer::uniform(&short, 0.95, 15)];
         assert_eq!(plan(&two, 512), 3);
-        let none = Offer {
-            tokens: &[],
-            ..offer(0.0)
-        };
-        assert!(plan(&[offer(0.95), none], 512) > 0);
+        let none = Offer::uniform(&[], 0.0, 15);
+        assert!(plan(&[offer(0.95), none.clone()], 512) > 0);
         assert_eq!(plan(&[none], 512), 0);
     }
 
@@ -708,7 +842,7 @@ mod tests {
         for t in [10, 11, 12] {
             d.push(t);
         }
-        assert_eq!(d.offer(15).unwrap().tokens, [13, 14, 15, 16, 17]);
+        assert_eq!(d.offer(15).unwrap().tokens[..], [13, 14, 15, 16, 17]);
         assert_eq!(d.answer(), [10, 11, 12]);
         // Its evidence is its own class's, with a lower prior.
         let own = Drafter::new(&[10, 11, 12, 13, 14, 15, 16, 17, 10, 11, 12], 15);
@@ -730,7 +864,7 @@ mod tests {
     fn a_steeper_curve_drafts_shorter_and_a_flat_one_longer() {
         let tokens = [1; 15];
         let offer = Offer::uniform(&tokens, 0.8, 15);
-        let on = |cost: fn(usize) -> f64| super::plan(&[offer], 512, cost);
+        let on = |cost: fn(usize) -> f64| super::plan(std::slice::from_ref(&offer), 512, cost);
         // Every extra token as dear as the first (no evidence): no draft.
         assert_eq!(on(|n| n as f64), 0);
         // A GPU's flat curve: about the longest draft.
