@@ -243,27 +243,28 @@ impl Drafter {
                 len - when <= RESUME_WITHIN && (source..=source + RESUME_SKIP).contains(&at)
             })
         };
-        let rank = |at: usize| {
-            let agreement = self.agreement(at);
-            if resumes(at) {
+        // (how far it counts as agreeing, how far it agrees, where)
+        let rank = |at: u32| {
+            let (at, agreement) = (at as usize, self.agreement(at as usize));
+            let counts = if resumes(at) {
                 agreement.max(AGREEING[1])
             } else {
                 agreement
-            }
+            };
+            (counts, agreement, at)
         };
-        let mut best = (rank(at as usize), at as usize);
+        let mut best = rank(at);
         for _ in 1..CANDIDATES {
             at = earlier[at as usize];
             if at == NONE {
                 break;
             }
-            let r = rank(at as usize);
-            if r > best.0 {
-                best = (r, at as usize);
+            let r = rank(at);
+            if r.0 > best.0 {
+                best = r;
             }
         }
-        let start = best.1;
-        let agreement = self.agreement(start);
+        let (_, agreement, start) = best;
         let mut class = if agreement < AGREEING[1] && resumes(start) {
             RESUMING
         } else {
@@ -301,16 +302,7 @@ impl Drafter {
     /// follow instead, unless one of its class still is. So a drafter that
     /// gave up drafts again once its offers are being followed.
     pub fn skipped(&mut self, limit: usize) {
-        let Some((start, end, class)) = self.continuation(limit) else {
-            return;
-        };
-        if end > start && self.shadows[class].is_none() {
-            self.shadows[class] = Some(Shadow {
-                start,
-                len: end - start,
-                matched: 0,
-            });
-        }
+        self.check(limit, false);
     }
 
     /// The step drafts (part of) its offer of at most `limit` tokens for
@@ -320,10 +312,23 @@ impl Drafter {
     /// next do). An offer of its class still being checked counts as far
     /// as it went.
     pub fn drafted(&mut self, limit: usize) {
+        self.check(limit, true);
+    }
+
+    /// Checks the offer of at most `limit` tokens against the tokens that
+    /// follow: in place of its class's offer still being checked (counted
+    /// as far as it went) if `replace`, else only where there is none.
+    fn check(&mut self, limit: usize, replace: bool) {
         let Some((start, end, class)) = self.continuation(limit) else {
             return;
         };
-        if let Some(shadow) = self.shadows[class].take() {
+        if end == start {
+            return;
+        }
+        if let Some(shadow) = self.shadows[class] {
+            if !replace {
+                return;
+            }
             self.record(class, shadow.matched, shadow.matched);
         }
         self.shadows[class] = Some(Shadow {
@@ -576,6 +581,20 @@ mod tests {
         (drafted.len(), taken)
     }
 
+    /// `steps` steps of a choice whose model writes `text` on: each draft
+    /// taken whole. Returns how far into `text` it got, and the longest
+    /// draft.
+    fn copy_on(d: &mut Drafter, text: &[i32], steps: usize) -> (usize, usize) {
+        let (mut at, mut longest) = (0, 0);
+        for _ in 0..steps {
+            let (k, taken) = step(d, &text[at..]);
+            assert_eq!(taken, k);
+            longest = longest.max(k);
+            at += k + 1;
+        }
+        (at, longest)
+    }
+
     #[test]
     fn drafts_as_long_as_the_evidence_pays_for() {
         // A prompt of 300 distinct tokens; the text ends with its first
@@ -590,15 +609,7 @@ mod tests {
         let first = draft(&d, 15).len();
         assert!((1..15).contains(&first), "{first}");
         // The model copies on: each draft taken whole, and longer ones.
-        let mut at = 3;
-        let mut longest = 0;
-        for _ in 0..8 {
-            let (k, taken) = step(&mut d, &source[at..]);
-            assert_eq!(taken, k);
-            longest = longest.max(k);
-            at += k + 1;
-        }
-        assert_eq!(longest, 15);
+        assert_eq!(copy_on(&mut d, &source[3..], 8).1, 15);
         // The model leaves the copy for good (it writes tokens never seen):
         // every draft is refused, and it stops drafting soon.
         let mut fresh = 1000..;
@@ -682,13 +693,8 @@ mod tests {
         prompt.extend([900, 901, 1, 2, 3]);
         let copying = || {
             let mut d = Drafter::new(&prompt, 15);
-            let mut at = 3;
-            for _ in 0..4 {
-                let (k, taken) = step(&mut d, &source[at..]);
-                assert_eq!(taken, k);
-                at += k + 1;
-            }
-            (d, at)
+            let (at, _) = copy_on(&mut d, &source[3..], 4);
+            (d, 3 + at)
         };
         // The model changes a token (999 for the source's next), then
         // copies on: two tokens agree, as after a chance match, but the
@@ -745,15 +751,7 @@ mod tests {
         // where it ends, and goes on as the loop would.
         let mut d = Drafter::new(&[5, 1, 2, 3, 1, 2, 3, 1, 2, 3], 15);
         assert_eq!(d.offer(15).unwrap().tokens[..], [1, 2, 3].repeat(5));
-        let looping: Vec<i32> = [1, 2, 3].repeat(100);
-        let (mut at, mut longest) = (0, 0);
-        for _ in 0..8 {
-            let (k, taken) = step(&mut d, &looping[at..]);
-            assert_eq!(taken, k);
-            longest = longest.max(k);
-            at += k + 1;
-        }
-        assert_eq!(longest, 15);
+        assert_eq!(copy_on(&mut d, &[1, 2, 3].repeat(100), 8).1, 15);
     }
 
     #[test]

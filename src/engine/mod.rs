@@ -40,7 +40,8 @@ const MAX_EXACT_SLOTS: u32 = 255;
 
 /// Prompt lookup's longest draft when `--lookup` is not given.
 pub const DEFAULT_LOOKUP: u32 = 15;
-/// The cache lookup's calibration fills before it times its calls.
+/// Tokens of cache that the calibration of lookup's call costs fills before
+/// it times its calls.
 const CALIBRATION_PREFIX: usize = 128;
 
 pub struct LoadOptions {
@@ -465,29 +466,36 @@ impl Engine {
     /// draft is verified after a prompt, and attending to it is part of
     /// what a call of several tokens costs more than a call of one.
     fn calibrate(&self) -> costs::Costs {
-        const PREFIX: usize = CALIBRATION_PREFIX;
         let params = llama_cpp_2::context::params::LlamaContextParams::default()
-            .with_n_ctx(std::num::NonZeroU32::new(2 * PREFIX as u32))
-            .with_n_batch(PREFIX as u32)
-            .with_n_ubatch(PREFIX as u32)
+            .with_n_ctx(std::num::NonZeroU32::new(2 * CALIBRATION_PREFIX as u32))
+            .with_n_batch(CALIBRATION_PREFIX as u32)
+            .with_n_ubatch(CALIBRATION_PREFIX as u32)
             .with_n_seq_max(1)
             .with_n_threads(self.threads)
             .with_n_threads_batch(self.threads);
         let Ok(mut ctx) = self.model.new_context(&self.backend, params) else {
             return costs::Costs::default();
         };
-        let mut batch = llama_cpp_2::llama_batch::LlamaBatch::new(PREFIX, 1);
+        let mut batch = llama_cpp_2::llama_batch::LlamaBatch::new(CALIBRATION_PREFIX, 1);
         let token = LlamaToken(self.model.vocab().bos().0.max(0));
-        let prefix = (0..PREFIX).all(|i| batch.add(token, i as i32, &[0], i + 1 == PREFIX).is_ok());
+        let prefix = (0..CALIBRATION_PREFIX).all(|i| {
+            batch
+                .add(token, i as i32, &[0], i + 1 == CALIBRATION_PREFIX)
+                .is_ok()
+        });
         if !prefix || ctx.decode(&mut batch).is_err() {
             return costs::Costs::default();
         }
         costs::Costs::calibrate(|n| {
             batch.clear();
-            let added = (0..n).all(|i| batch.add(token, (PREFIX + i) as i32, &[0], true).is_ok());
+            let added = (0..n).all(|i| {
+                batch
+                    .add(token, (CALIBRATION_PREFIX + i) as i32, &[0], true)
+                    .is_ok()
+            });
             let ok = added && ctx.decode(&mut batch).is_ok();
             ok && ctx
-                .clear_kv_cache_seq(Some(0), Some(PREFIX as u32), None)
+                .clear_kv_cache_seq(Some(0), Some(CALIBRATION_PREFIX as u32), None)
                 .is_ok()
         })
     }
