@@ -239,3 +239,65 @@ fn lookup_is_a_local_setting_with_a_bounded_value() {
         .run()
         .fails(2, "--lookup applies to a local model");
 }
+
+/// The one curve in a cache folder of its own.
+fn kept_curve(cache: &std::path::Path) -> (std::path::PathBuf, Value) {
+    let files: Vec<_> = std::fs::read_dir(cache.join("cmpl/costs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let v = serde_json::from_str(&std::fs::read_to_string(&files[0]).unwrap()).unwrap();
+    (files[0].clone(), v)
+}
+
+#[test]
+fn one_shots_correct_a_kept_curve_their_own_calls_depart_from() {
+    let cache = tempfile::tempdir().unwrap();
+    let body = request(COPY, json!({}));
+    let verbose = || {
+        let out = cmpl(&["--json", "--verbose"])
+            .env("XDG_CACHE_HOME", cache.path())
+            .stdin(&body)
+            .run();
+        out.ok();
+        out.stderr
+    };
+    assert!(verbose().contains("call costs (× a one-token call), calibrated in"));
+    // A curve read off at a busy moment: every call of several tokens
+    // thought a third of what it costs (drafts look nearly free).
+    let (file, mut curve) = kept_curve(cache.path());
+    for secs in curve["secs"].as_array_mut().unwrap().iter_mut().skip(2) {
+        *secs = json!(secs.as_f64().unwrap() / 3.0);
+    }
+    std::fs::write(&file, curve.to_string()).unwrap();
+    let tilted = |v: &Value| v["secs"][16].as_f64().unwrap() / v["secs"][1].as_f64().unwrap();
+    let before = tilted(&curve);
+    // Each run's own calls join the pool; once it holds enough of a size,
+    // the curve takes them.
+    let mut runs = 0;
+    let now = loop {
+        let err = verbose();
+        runs += 1;
+        assert!(err.contains("pooled with the runs before: "), "{err}");
+        if let Some(at) = err.find("the curve kept for the next runs: ") {
+            break err[at..]
+                .lines()
+                .next()
+                .unwrap()
+                .trim_end_matches(')')
+                .to_string();
+        }
+        assert!(runs < 16, "the pool never settled: {err}");
+    };
+    let (_, after) = kept_curve(cache.path());
+    assert!(
+        tilted(&after) > 2.0 * before,
+        "{before} -> {}",
+        tilted(&after)
+    );
+    // The next run plans by it.
+    let next = verbose();
+    let curve = now.split(": ").nth(1).unwrap();
+    assert!(next.contains(&format!("as kept: {curve}")), "{now}\n{next}");
+}

@@ -9,10 +9,12 @@
 //! in a context of its own) measures it; the estimates are kept in cmpl's
 //! cache folder per model and machine. A run plans from the curve it found
 //! there, unchanged while it runs, so the same run drafts the same tokens
-//! (and computes the same numbers) every time; its own decode steps are
-//! evidence for the next, which keeps it only where it departs from the
-//! kept curve (see [`Costs::departs_from`]): timing noise does not move a
-//! settled curve, a changed machine or build does.
+//! (and computes the same numbers) every time. Its own decode steps are the
+//! truer evidence (a calibration times calls in a context of its own, a run
+//! pays for the calls it makes): each run's join those of the runs before
+//! it in the same file, and where they depart from the curve, the curve
+//! takes them (see [`Costs::pool`]). So a shell loop of one-shots corrects a
+//! curve that a busy moment tilted, and timing noise does not move it.
 
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -29,10 +31,12 @@ const CLAMP: f64 = 1.5;
 /// kernels' fast (multiple of four) and slow paths beside them.
 const CALIBRATED: [usize; 10] = [1, 2, 3, 4, 5, 8, 9, 12, 13, 16];
 const PASSES: usize = 3;
-/// What a run's own evidence must rest on, and how far it must depart from
-/// the kept curve, to replace it.
+/// The runs' pooled evidence of a size replaces the curve's once it rests
+/// on [`SETTLED`] calls and departs from it by more than [`DEPARTS`]; it
+/// rests on the latest [`POOLED`] calls at most (older runs fade).
 const SETTLED: f64 = KEEP;
-const DEPARTS: f64 = 0.25;
+const DEPARTS: f64 = 0.1;
+const POOLED: f64 = 5.0 * KEEP;
 /// Calibration stops past this, whatever is left unmeasured (a large
 /// model's 16-token call can take a second on a CPU).
 const CALIBRATION_BUDGET: Duration = Duration::from_millis(1500);
@@ -43,6 +47,11 @@ pub struct Costs {
     secs: Vec<f64>,
     /// Calls each estimate rests on (at most [`KEEP`]).
     weight: Vec<f64>,
+    /// Runs' own evidence, pooled across runs (see [`Costs::pool`]): each
+    /// size's cost against a one-token call as runs measured it, and the
+    /// calls it rests on.
+    pool_cost: Vec<f64>,
+    pool_calls: Vec<f64>,
     /// Recorded since loaded or saved.
     pub changed: bool,
 }
@@ -52,6 +61,8 @@ impl Default for Costs {
         Costs {
             secs: vec![0.0; SIZES + 1],
             weight: vec![0.0; SIZES + 1],
+            pool_cost: vec![0.0; SIZES + 1],
+            pool_calls: vec![0.0; SIZES + 1],
             changed: false,
         }
     }
@@ -111,31 +122,55 @@ impl Costs {
         Some(self.secs[lo] + (n - lo) as f64 * slope.max(0.0))
     }
 
-    /// Whether this run's evidence departs from `kept`: a size measured at
-    /// least [`SETTLED`] times (and the one-token call too) whose relative
-    /// cost differs from the kept one by more than [`DEPARTS`].
-    pub fn departs_from(&self, kept: &Costs) -> bool {
-        self.weight[1] >= SETTLED
-            && (2..=SIZES).any(|n| {
-                self.weight[n] >= SETTLED
-                    && (self.relative(n) / kept.relative(n) - 1.0).abs() > DEPARTS
-            })
-    }
-
-    /// `kept` with the relative costs this run measured well enough.
-    pub fn merged_into(&self, kept: &Costs) -> Costs {
-        let mut merged = kept.clone();
-        if self.weight[1] < SETTLED || kept.weight[1] == 0.0 {
-            return merged;
+    /// Adds a run's own evidence (`run`, its calls as recorded) to the
+    /// pool of the runs before it. Where the pool, on a size it holds
+    /// [`SETTLED`] calls of, departs from the curve by more than
+    /// [`DEPARTS`], the curve takes the pool's costs at the sizes it holds
+    /// that many of, and the others move by the median departure (a curve
+    /// read off at a busy moment is off at every size alike; the sizes the
+    /// drafter avoids are never measured again). Returns whether the curve
+    /// changed.
+    ///
+    /// Each run's costs are against its own one-token calls, so runs on a
+    /// busy moment and a quiet one compare alike; a run's evidence of a
+    /// size counts as many calls as the lesser of its calls of that size
+    /// and of one token, about (a run that drafted nearly every step has
+    /// few one-token calls to measure against).
+    pub fn pool(&mut self, run: &Costs) -> bool {
+        let ones = run.weight[1];
+        if ones == 0.0 || !self.known() {
+            return false;
         }
         for n in 2..=SIZES {
-            if self.weight[n] >= SETTLED {
-                merged.secs[n] = self.relative(n) * kept.secs[1];
-                merged.weight[n] = self.weight[n];
+            let calls = run.weight[n] * ones / (run.weight[n] + ones);
+            if calls > 0.0 {
+                let (cost, pooled) = (&mut self.pool_cost[n], &mut self.pool_calls[n]);
+                *cost += (run.relative(n) - *cost) * calls / (*pooled + calls);
+                *pooled = (*pooled + calls).min(POOLED);
+                self.changed = true;
             }
         }
-        merged.changed = true;
-        merged
+        let settled: Vec<usize> = (2..=SIZES)
+            .filter(|&n| self.pool_calls[n] >= SETTLED)
+            .collect();
+        let mut departures: Vec<f64> = settled
+            .iter()
+            .map(|&n| self.pool_cost[n] / self.relative(n))
+            .collect();
+        if !departures.iter().any(|d| (d - 1.0).abs() > DEPARTS) {
+            return false;
+        }
+        departures.sort_by(f64::total_cmp);
+        let median = departures[departures.len() / 2];
+        for n in 2..=SIZES {
+            if settled.contains(&n) {
+                self.secs[n] = self.pool_cost[n] * self.secs[1];
+                self.weight[n] = self.pool_calls[n].min(KEEP);
+            } else {
+                self.secs[n] *= median;
+            }
+        }
+        true
     }
 
     /// `2:1.37 4:1.71 8:2.63 16:4.42`, the sizes lookup uses most, for
@@ -154,6 +189,25 @@ impl Costs {
         let sizes: Vec<String> = (2..=SIZES)
             .filter(|&n| self.weight[n] > 0.0)
             .map(|n| format!("{n}:{:.2}", self.relative(n)))
+            .collect();
+        if sizes.is_empty() {
+            "none".to_string()
+        } else {
+            sizes.join(" ")
+        }
+    }
+
+    /// The runs' pool, as `curve` writes it, with the calls each size rests
+    /// on (`none` while it is empty).
+    pub fn pooled(&self) -> String {
+        let sizes: Vec<String> = (2..=SIZES)
+            .filter(|&n| self.pool_calls[n] > 0.0)
+            .map(|n| {
+                format!(
+                    "{n}:{:.2} ({:.0} calls)",
+                    self.pool_cost[n], self.pool_calls[n]
+                )
+            })
             .collect();
         if sizes.is_empty() {
             "none".to_string()
@@ -195,7 +249,8 @@ impl Costs {
     }
 
     pub fn to_json(&self) -> Value {
-        json!({"version": 1, "secs": self.secs, "weight": self.weight})
+        json!({"version": 1, "secs": self.secs, "weight": self.weight,
+               "pool_cost": self.pool_cost, "pool_calls": self.pool_calls})
     }
 
     /// Costs saved by [`Costs::to_json`]; `None` for anything else.
@@ -209,9 +264,17 @@ impl Costs {
             (out.len() == SIZES + 1 && out.iter().all(|x| x.is_finite() && *x >= 0.0))
                 .then_some(out)
         };
+        // A file from before the pool: an empty one.
+        let empty = || Some(vec![0.0; SIZES + 1]);
         Some(Costs {
             secs: list("secs")?,
             weight: list("weight")?.into_iter().map(|w| w.min(KEEP)).collect(),
+            pool_cost: v
+                .get("pool_cost")
+                .map_or_else(empty, |_| list("pool_cost"))?,
+            pool_calls: v
+                .get("pool_calls")
+                .map_or_else(empty, |_| list("pool_calls"))?,
             changed: false,
         })
     }
@@ -319,28 +382,56 @@ mod tests {
         assert_eq!(c.weight[2], 0.0);
     }
 
+    /// A run's calls: `ones` one-token calls of 10 ms, `n` calls of
+    /// `size` tokens of `secs` each.
+    fn run(ones: usize, size: usize, n: usize, secs: f64) -> Costs {
+        let calls: Vec<(usize, f64)> = std::iter::repeat_n((1, 0.010), ones)
+            .chain(std::iter::repeat_n((size, secs), n))
+            .collect();
+        from(&calls)
+    }
+
     #[test]
-    fn a_run_replaces_the_kept_curve_only_where_it_departs() {
-        let kept = from(&[(1, 0.010), (4, 0.020), (16, 0.050)]);
-        let run_of = |four: f64| {
-            let calls: Vec<(usize, f64)> = [(1, 0.010); 24]
-                .iter()
-                .chain(&[(4, four); 24])
-                .copied()
-                .collect();
-            from(&calls)
-        };
-        // Noise: 4 tokens 20% dearer. Kept.
-        assert!(!run_of(0.024).departs_from(&kept));
-        // A real change: 40% dearer, measured often enough.
-        let run = run_of(0.028);
-        assert!(run.departs_from(&kept));
-        let merged = run.merged_into(&kept);
-        assert!((merged.relative(4) - 2.8).abs() < 1e-9);
-        assert!((merged.relative(16) - 5.0).abs() < 1e-9, "the rest as kept");
-        // Seen too seldom: not evidence enough.
-        let run = from(&[(1, 0.010), (4, 0.040)]);
-        assert!(!run.departs_from(&kept));
+    fn runs_pool_their_evidence_and_the_curve_takes_it_where_it_departs() {
+        let mut kept = from(&[(1, 0.010), (4, 0.020), (8, 0.030), (16, 0.050)]);
+        // One-shots, each too short to settle anything: 8 tokens 20%
+        // dearer (3.6 one-token calls, not 3.0). The pool grows; the curve
+        // stands until it rests on enough calls.
+        for _ in 0..2 {
+            assert!(!kept.pool(&run(30, 8, 12, 0.036)));
+            assert!((kept.relative(8) - 3.0).abs() < 1e-9);
+        }
+        assert!(kept.changed, "the pool is kept");
+        assert!(kept.pool(&run(30, 8, 12, 0.036)));
+        assert!((kept.relative(8) - 3.6).abs() < 1e-9);
+        // The sizes no run measured move alike.
+        assert!((kept.relative(16) - 6.0).abs() < 1e-9);
+        assert!((kept.relative(4) - 2.4).abs() < 1e-9);
+        assert_eq!(kept.relative(1), 1.0);
+        // Settled: more of the same changes nothing.
+        assert!(!kept.pool(&run(30, 8, 12, 0.036)));
+        // Noise (5%) never moves it.
+        assert!(!kept.pool(&run(30, 8, 40, 0.0378)));
+        assert!((kept.relative(8) - 3.6).abs() < 1e-9);
+        // A run busy at every size alike measures the same relative costs.
+        let busy: Vec<(usize, f64)> = [(1, 0.020); 30]
+            .iter()
+            .chain(&[(8, 0.072); 30])
+            .copied()
+            .collect();
+        assert!(!kept.pool(&from(&busy)));
+        // A run with no one-token call of its own has no unit: ignored; one
+        // with two counts as two calls.
+        let before = kept.clone();
+        assert!(!kept.pool(&run(0, 8, 40, 0.1)));
+        assert_eq!(kept, before);
+        let mut fresh = from(&[(1, 0.010), (8, 0.030)]);
+        fresh.pool(&run(2, 8, 40, 0.036));
+        assert!((fresh.pool_calls[8] - 2.0 * 20.0 / 22.0).abs() < 1e-9);
+        // Nothing kept to compare with: nothing pooled.
+        let mut none = Costs::default();
+        assert!(!none.pool(&run(30, 8, 40, 0.036)));
+        assert!(!none.changed);
     }
 
     #[test]
@@ -376,9 +467,21 @@ mod tests {
     #[test]
     fn saved_costs_read_back_and_strangers_do_not() {
         let c = from(&[(1, 0.01), (2, 0.013), (16, 0.05)]);
+        let mut c = c;
+        c.pool(&run(30, 2, 5, 0.014));
         let back = Costs::from_json(&c.to_json()).unwrap();
         assert_eq!(back.secs, c.secs);
         assert_eq!(back.weight, c.weight);
+        assert_eq!(back.pool_cost, c.pool_cost);
+        assert_eq!(back.pool_calls, c.pool_calls);
+        assert!(back.pool_calls[2] > 0.0);
+        // A file from before the pool reads, with an empty one.
+        let mut old = c.to_json();
+        old.as_object_mut().unwrap().remove("pool_cost");
+        old.as_object_mut().unwrap().remove("pool_calls");
+        let back = Costs::from_json(&old).unwrap();
+        assert_eq!(back.secs, c.secs);
+        assert!(back.pool_calls.iter().all(|&w| w == 0.0));
         assert!(Costs::from_json(&json!({"version": 2})).is_none());
         assert!(Costs::from_json(&json!({"version": 1, "secs": [1], "weight": [1]})).is_none());
         let mut bad = c.to_json();

@@ -537,35 +537,40 @@ impl Engine {
         }
     }
 
-    /// Keeps a fresh calibration, and what this run measured where it
-    /// departs from the curve kept.
+    /// Keeps a fresh calibration, and adds what this run measured to the
+    /// runs' evidence in the kept file (another process may have added to
+    /// it meanwhile: a resident server, one-shots beside it), the curve
+    /// changing where the evidence departs from it; the next run in this
+    /// process (a resident's) plans by the curve kept now.
     fn save_costs(&self) {
         let mut costs = self.costs.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(kept) = costs.as_mut() else {
+        let Some(current) = costs.as_mut() else {
             return;
         };
-        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        let departs = seen.departs_from(kept);
+        let seen = std::mem::take(&mut *self.seen.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut kept = match costs::Costs::load(&self.costs_key) {
+            Some(file) if file.known() && !current.changed => file,
+            _ => current.clone(),
+        };
+        let replaced = kept.pool(&seen);
         if self.verbose && seen.known() {
-            let verdict = if departs {
-                "kept for the next runs"
+            let verdict = if replaced {
+                "the curve kept for the next runs"
             } else {
                 "the kept curve stands"
             };
             eprintln!(
-                "cmpl: call costs (× a one-token call), measured here: {} ({verdict})",
-                seen.measured()
+                "cmpl: call costs (× a one-token call), measured here: {}; pooled with the runs before: {} ({verdict}{})",
+                seen.measured(),
+                kept.pooled(),
+                if replaced { format!(": {}", kept.curve()) } else { String::new() }
             );
         }
-        if kept.changed || departs {
-            let next = if departs {
-                seen.merged_into(kept)
-            } else {
-                kept.clone()
-            };
-            next.save(&self.costs_key);
+        if kept.changed {
+            kept.save(&self.costs_key);
             kept.changed = false;
         }
+        *current = kept;
     }
 
     /// The model file loaded.
