@@ -264,40 +264,38 @@ fn one_shots_correct_a_kept_curve_their_own_calls_depart_from() {
         out.stderr
     };
     assert!(verbose().contains("call costs (× a one-token call), calibrated in"));
-    // A curve read off at a busy moment: every call of several tokens
-    // thought a third of what it costs (drafts look nearly free).
+    // A curve timed at a busy moment: every call of several tokens thought
+    // a third of what it costs (drafts look nearly free).
     let (file, mut curve) = kept_curve(cache.path());
     for secs in curve["secs"].as_array_mut().unwrap().iter_mut().skip(2) {
         *secs = json!(secs.as_f64().unwrap() / 3.0);
     }
     std::fs::write(&file, curve.to_string()).unwrap();
-    let tilted = |v: &Value| v["secs"][16].as_f64().unwrap() / v["secs"][1].as_f64().unwrap();
-    let before = tilted(&curve);
-    // Each run's own calls join the pool; once it holds enough of a size,
-    // the curve takes them.
+    let sixteen = |v: &Value| v["secs"][16].as_f64().unwrap() / v["secs"][1].as_f64().unwrap();
+    let tilted = sixteen(&curve);
+    // Each run's own calls join the pool; once it holds enough of a size
+    // and departs, the next run calibrates again.
     let mut runs = 0;
-    let now = loop {
+    loop {
         let err = verbose();
         runs += 1;
-        assert!(err.contains("pooled with the runs before: "), "{err}");
-        if let Some(at) = err.find("the curve kept for the next runs: ") {
-            break err[at..]
-                .lines()
-                .next()
-                .unwrap()
-                .trim_end_matches(')')
-                .to_string();
+        if err.contains("calibrated again in") {
+            break;
         }
-        assert!(runs < 16, "the pool never settled: {err}");
-    };
+        assert!(err.contains("as kept: "), "{err}");
+        assert!(err.contains("pooled with the runs before: "), "{err}");
+        assert!(runs < 16, "the pool never departed: {err}");
+    }
     let (_, after) = kept_curve(cache.path());
     assert!(
-        tilted(&after) > 2.0 * before,
-        "{before} -> {}",
-        tilted(&after)
+        sixteen(&after) > 2.0 * tilted,
+        "{tilted} -> {}",
+        sixteen(&after)
     );
-    // The next run plans by it.
-    let next = verbose();
-    let curve = now.split(": ").nth(1).unwrap();
-    assert!(next.contains(&format!("as kept: {curve}")), "{now}\n{next}");
+    assert!(
+        after["pool_calls"][16].as_f64().unwrap() > 0.0,
+        "the pool goes on"
+    );
+    // The runs after plan by it.
+    assert!(verbose().contains("as kept: "));
 }

@@ -12,9 +12,10 @@
 //! (and computes the same numbers) every time. Its own decode steps are the
 //! truer evidence (a calibration times calls in a context of its own, a run
 //! pays for the calls it makes): each run's join those of the runs before
-//! it in the same file, and where they depart from the curve, the curve
-//! takes them (see [`Costs::pool`]). So a shell loop of one-shots corrects a
-//! curve that a busy moment tilted, and timing noise does not move it.
+//! it in the same file, and where they depart from the curve, the next run
+//! calibrates again and takes them (see [`Costs::renewed`]). So a shell
+//! loop of one-shots corrects a curve timed at a busy moment, and timing
+//! noise does not move it.
 
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -31,12 +32,14 @@ const CLAMP: f64 = 1.5;
 /// kernels' fast (multiple of four) and slow paths beside them.
 const CALIBRATED: [usize; 10] = [1, 2, 3, 4, 5, 8, 9, 12, 13, 16];
 const PASSES: usize = 3;
-/// The runs' pooled evidence of a size replaces the curve's once it rests
-/// on [`SETTLED`] calls and departs from it by more than [`DEPARTS`]; it
-/// rests on the latest [`POOLED`] calls at most (older runs fade).
+/// The runs' pooled evidence of a size departs from the curve once it rests
+/// on [`SETTLED`] calls and differs by more than [`DEPARTS`]; it rests on
+/// the latest [`POOLED`] calls at most (older runs fade).
 const SETTLED: f64 = KEEP;
 const DEPARTS: f64 = 0.1;
 const POOLED: f64 = 5.0 * KEEP;
+/// The cost file's format: 2 added the pool.
+const VERSION: u64 = 2;
 /// Calibration stops past this, whatever is left unmeasured (a large
 /// model's 16-token call can take a second on a CPU).
 const CALIBRATION_BUDGET: Duration = Duration::from_millis(1500);
@@ -123,23 +126,17 @@ impl Costs {
     }
 
     /// Adds a run's own evidence (`run`, its calls as recorded) to the
-    /// pool of the runs before it. Where the pool, on a size it holds
-    /// [`SETTLED`] calls of, departs from the curve by more than
-    /// [`DEPARTS`], the curve takes the pool's costs at the sizes it holds
-    /// that many of, and the others move by the median departure (a curve
-    /// read off at a busy moment is off at every size alike; the sizes the
-    /// drafter avoids are never measured again). Returns whether the curve
-    /// changed.
+    /// pool of the runs before it.
     ///
     /// Each run's costs are against its own one-token calls, so runs on a
     /// busy moment and a quiet one compare alike; a run's evidence of a
     /// size counts as many calls as the lesser of its calls of that size
     /// and of one token, about (a run that drafted nearly every step has
     /// few one-token calls to measure against).
-    pub fn pool(&mut self, run: &Costs) -> bool {
+    pub fn pool(&mut self, run: &Costs) {
         let ones = run.weight[1];
         if ones == 0.0 || !self.known() {
-            return false;
+            return;
         }
         for n in 2..=SIZES {
             let calls = run.weight[n] * ones / (run.weight[n] + ones);
@@ -150,27 +147,34 @@ impl Costs {
                 self.changed = true;
             }
         }
-        let settled: Vec<usize> = (2..=SIZES)
-            .filter(|&n| self.pool_calls[n] >= SETTLED)
-            .collect();
-        let mut departures: Vec<f64> = settled
-            .iter()
-            .map(|&n| self.pool_cost[n] / self.relative(n))
-            .collect();
-        if !departures.iter().any(|d| (d - 1.0).abs() > DEPARTS) {
-            return false;
-        }
-        departures.sort_by(f64::total_cmp);
-        let median = departures[departures.len() / 2];
+    }
+
+    /// Whether the pool, on a size it holds [`SETTLED`] calls of, departs
+    /// from the curve by more than [`DEPARTS`] (see [`Costs::renewed`]).
+    pub fn departs(&self) -> bool {
+        (2..=SIZES).any(|n| {
+            self.pool_calls[n] >= SETTLED
+                && (self.pool_cost[n] / self.relative(n) - 1.0).abs() > DEPARTS
+        })
+    }
+
+    /// The curve a departing pool calls for: `fresh`, a calibration timed
+    /// now (the sizes the drafter avoids, a run never measures: a curve
+    /// that is off where the runs measured it is likely off there too, and
+    /// not alike), with the pool's costs where it holds [`SETTLED`] calls;
+    /// the pool goes on. Without a fresh calibration, this one so amended.
+    pub fn renewed(&self, fresh: Costs) -> Costs {
+        let mut next = if fresh.known() { fresh } else { self.clone() };
+        next.pool_cost.clone_from(&self.pool_cost);
+        next.pool_calls.clone_from(&self.pool_calls);
         for n in 2..=SIZES {
-            if settled.contains(&n) {
-                self.secs[n] = self.pool_cost[n] * self.secs[1];
-                self.weight[n] = self.pool_calls[n].min(KEEP);
-            } else {
-                self.secs[n] *= median;
+            if next.pool_calls[n] >= SETTLED {
+                next.secs[n] = next.pool_cost[n] * next.secs[1];
+                next.weight[n] = next.pool_calls[n].min(KEEP);
             }
         }
-        true
+        next.changed = true;
+        next
     }
 
     /// `2:1.37 4:1.71 8:2.63 16:4.42`, the sizes lookup uses most, for
@@ -249,13 +253,14 @@ impl Costs {
     }
 
     pub fn to_json(&self) -> Value {
-        json!({"version": 1, "secs": self.secs, "weight": self.weight,
+        json!({"version": VERSION, "secs": self.secs, "weight": self.weight,
                "pool_cost": self.pool_cost, "pool_calls": self.pool_calls})
     }
 
-    /// Costs saved by [`Costs::to_json`]; `None` for anything else.
+    /// Costs saved by [`Costs::to_json`]; `None` for anything else (a file
+    /// of an earlier version too: calibrated again, once).
     pub fn from_json(v: &Value) -> Option<Costs> {
-        if v.get("version")? != 1 {
+        if v.get("version")? != VERSION {
             return None;
         }
         let list = |key: &str| -> Option<Vec<f64>> {
@@ -264,17 +269,14 @@ impl Costs {
             (out.len() == SIZES + 1 && out.iter().all(|x| x.is_finite() && *x >= 0.0))
                 .then_some(out)
         };
-        // A file from before the pool: an empty one.
-        let empty = || Some(vec![0.0; SIZES + 1]);
         Some(Costs {
             secs: list("secs")?,
             weight: list("weight")?.into_iter().map(|w| w.min(KEEP)).collect(),
-            pool_cost: v
-                .get("pool_cost")
-                .map_or_else(empty, |_| list("pool_cost"))?,
-            pool_calls: v
-                .get("pool_calls")
-                .map_or_else(empty, |_| list("pool_calls"))?,
+            pool_cost: list("pool_cost")?,
+            pool_calls: list("pool_calls")?
+                .into_iter()
+                .map(|w| w.min(POOLED))
+                .collect(),
             changed: false,
         })
     }
@@ -392,46 +394,56 @@ mod tests {
     }
 
     #[test]
-    fn runs_pool_their_evidence_and_the_curve_takes_it_where_it_departs() {
+    fn runs_pool_their_evidence_until_it_departs_from_the_curve() {
         let mut kept = from(&[(1, 0.010), (4, 0.020), (8, 0.030), (16, 0.050)]);
         // One-shots, each too short to settle anything: 8 tokens 20%
-        // dearer (3.6 one-token calls, not 3.0). The pool grows; the curve
-        // stands until it rests on enough calls.
+        // dearer (3.6 one-token calls, not 3.0). The pool grows; it departs
+        // once it rests on enough calls.
         for _ in 0..2 {
-            assert!(!kept.pool(&run(30, 8, 12, 0.036)));
-            assert!((kept.relative(8) - 3.0).abs() < 1e-9);
+            kept.pool(&run(30, 8, 12, 0.036));
+            assert!(!kept.departs());
         }
         assert!(kept.changed, "the pool is kept");
-        assert!(kept.pool(&run(30, 8, 12, 0.036)));
-        assert!((kept.relative(8) - 3.6).abs() < 1e-9);
-        // The sizes no run measured move alike.
-        assert!((kept.relative(16) - 6.0).abs() < 1e-9);
-        assert!((kept.relative(4) - 2.4).abs() < 1e-9);
-        assert_eq!(kept.relative(1), 1.0);
-        // Settled: more of the same changes nothing.
-        assert!(!kept.pool(&run(30, 8, 12, 0.036)));
-        // Noise (5%) never moves it.
-        assert!(!kept.pool(&run(30, 8, 40, 0.0378)));
-        assert!((kept.relative(8) - 3.6).abs() < 1e-9);
+        kept.pool(&run(30, 8, 12, 0.036));
+        assert!(kept.departs());
+        assert!((kept.relative(8) - 3.0).abs() < 1e-9, "the curve as it was");
+        // A calibration timed now: the curve takes it, with the pool's
+        // costs where the pool is settled.
+        let fresh = from(&[(1, 0.005), (4, 0.011), (8, 0.016), (16, 0.020)]);
+        let mut renewed = kept.renewed(fresh);
+        assert!(renewed.changed);
+        assert!((renewed.relative(8) - 3.6).abs() < 1e-9);
+        assert!((renewed.relative(16) - 4.0).abs() < 1e-9);
+        assert!((renewed.relative(4) - 2.2).abs() < 1e-9);
+        // Settled: more of the same departs no more; noise (5%) neither.
+        assert!(!renewed.departs());
+        renewed.pool(&run(30, 8, 12, 0.036));
+        renewed.pool(&run(30, 8, 40, 0.0378));
+        assert!(!renewed.departs());
         // A run busy at every size alike measures the same relative costs.
         let busy: Vec<(usize, f64)> = [(1, 0.020); 30]
             .iter()
             .chain(&[(8, 0.072); 30])
             .copied()
             .collect();
-        assert!(!kept.pool(&from(&busy)));
+        renewed.pool(&from(&busy));
+        assert!(!renewed.departs());
+        // No calibration to be had: the pool's costs on the old curve.
+        let amended = kept.renewed(Costs::default());
+        assert!((amended.relative(8) - 3.6).abs() < 1e-9);
+        assert!((amended.relative(16) - 5.0).abs() < 1e-9);
         // A run with no one-token call of its own has no unit: ignored; one
         // with two counts as two calls.
-        let before = kept.clone();
-        assert!(!kept.pool(&run(0, 8, 40, 0.1)));
-        assert_eq!(kept, before);
+        let before = renewed.clone();
+        renewed.pool(&run(0, 8, 40, 0.1));
+        assert_eq!(renewed, before);
         let mut fresh = from(&[(1, 0.010), (8, 0.030)]);
         fresh.pool(&run(2, 8, 40, 0.036));
         assert!((fresh.pool_calls[8] - 2.0 * 20.0 / 22.0).abs() < 1e-9);
         // Nothing kept to compare with: nothing pooled.
         let mut none = Costs::default();
-        assert!(!none.pool(&run(30, 8, 40, 0.036)));
-        assert!(!none.changed);
+        none.pool(&run(30, 8, 40, 0.036));
+        assert!(!none.changed && !none.departs());
     }
 
     #[test]
@@ -466,8 +478,7 @@ mod tests {
 
     #[test]
     fn saved_costs_read_back_and_strangers_do_not() {
-        let c = from(&[(1, 0.01), (2, 0.013), (16, 0.05)]);
-        let mut c = c;
+        let mut c = from(&[(1, 0.01), (2, 0.013), (16, 0.05)]);
         c.pool(&run(30, 2, 5, 0.014));
         let back = Costs::from_json(&c.to_json()).unwrap();
         assert_eq!(back.secs, c.secs);
@@ -475,15 +486,14 @@ mod tests {
         assert_eq!(back.pool_cost, c.pool_cost);
         assert_eq!(back.pool_calls, c.pool_calls);
         assert!(back.pool_calls[2] > 0.0);
-        // A file from before the pool reads, with an empty one.
+        // A file from before the pool (version 1, whose runs could tilt the
+        // sizes they never measured) is calibrated again.
         let mut old = c.to_json();
-        old.as_object_mut().unwrap().remove("pool_cost");
-        old.as_object_mut().unwrap().remove("pool_calls");
-        let back = Costs::from_json(&old).unwrap();
-        assert_eq!(back.secs, c.secs);
-        assert!(back.pool_calls.iter().all(|&w| w == 0.0));
-        assert!(Costs::from_json(&json!({"version": 2})).is_none());
-        assert!(Costs::from_json(&json!({"version": 1, "secs": [1], "weight": [1]})).is_none());
+        old["version"] = json!(1);
+        assert!(Costs::from_json(&old).is_none());
+        assert!(Costs::from_json(&json!({"version": VERSION})).is_none());
+        let short = json!({"version": VERSION, "secs": [1], "weight": [1], "pool_cost": [1], "pool_calls": [1]});
+        assert!(Costs::from_json(&short).is_none());
         let mut bad = c.to_json();
         bad["secs"][3] = json!(-1.0);
         assert!(Costs::from_json(&bad).is_none());

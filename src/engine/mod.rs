@@ -436,13 +436,22 @@ impl Engine {
     }
 
     /// Lookup's call costs, loaded from the cache folder or calibrated
-    /// here where there are none yet (once per machine and model).
+    /// here where there are none yet (once per machine and model), or
+    /// again where the runs' own costs departed from them.
     fn ensure_costs(&self) {
         let mut costs = self.costs.lock().unwrap_or_else(|e| e.into_inner());
         if costs.is_some() {
             return;
         }
         let (found, how) = match costs::Costs::load(&self.costs_key) {
+            Some(c) if c.known() && c.departs() => {
+                let started = std::time::Instant::now();
+                let c = c.renewed(self.calibrate());
+                let ms = started.elapsed().as_millis();
+                let how =
+                    format!("calibrated again in {ms} ms (the runs' own departed from the kept)");
+                (c, how)
+            }
             Some(c) if c.known() => (c, "as kept".to_string()),
             _ => {
                 let started = std::time::Instant::now();
@@ -539,9 +548,7 @@ impl Engine {
 
     /// Keeps a fresh calibration, and adds what this run measured to the
     /// runs' evidence in the kept file (another process may have added to
-    /// it meanwhile: a resident server, one-shots beside it), the curve
-    /// changing where the evidence departs from it; the next run in this
-    /// process (a resident's) plans by the curve kept now.
+    /// it meanwhile: a server, one-shots beside it).
     fn save_costs(&self) {
         let mut costs = self.costs.lock().unwrap_or_else(|e| e.into_inner());
         let Some(current) = costs.as_mut() else {
@@ -552,25 +559,18 @@ impl Engine {
             Some(file) if file.known() && !current.changed => file,
             _ => current.clone(),
         };
-        let replaced = kept.pool(&seen);
+        kept.pool(&seen);
         if self.verbose && seen.known() {
-            let verdict = if replaced {
-                "the curve kept for the next runs"
-            } else {
-                "the kept curve stands"
-            };
             eprintln!(
-                "cmpl: call costs (× a one-token call), measured here: {}; pooled with the runs before: {} ({verdict}{})",
+                "cmpl: call costs (× a one-token call), measured here: {}; pooled with the runs before: {}",
                 seen.measured(),
                 kept.pooled(),
-                if replaced { format!(": {}", kept.curve()) } else { String::new() }
             );
         }
         if kept.changed {
             kept.save(&self.costs_key);
-            kept.changed = false;
         }
-        *current = kept;
+        current.changed = false;
     }
 
     /// The model file loaded.
