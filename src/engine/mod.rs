@@ -204,7 +204,7 @@ impl Backend for Engine {
         };
         self.check_memory(shape)?;
         let done = self.decode_all(jobs, &mut |_, _| Ok(Fed::Closed), shape, interrupted, sink);
-        self.save_costs();
+        self.save_costs(self.verbose);
         if let (true, Some(line)) = (self.verbose, guide::STATS.line()) {
             eprintln!("cmpl: {line}");
         }
@@ -288,6 +288,11 @@ impl Engine {
         self.check_memory(shape)?;
         let mut index = 0;
         let mut feed = |wait: bool, sink: &mut Sink| loop {
+            if wait {
+                // Idle: what the requests measured joins the runs' pool now
+                // (the curve this server plans by stays as it started).
+                self.save_costs(false);
+            }
             let (request, token_logprobs, alone) = match next(wait) {
                 Arrival::Request(r, t, alone) => (*r, t, alone),
                 Arrival::Empty => return Ok(Fed::Empty),
@@ -317,7 +322,7 @@ impl Engine {
             }
         };
         let done = self.decode_all(Vec::new(), &mut feed, shape, interrupted, sink);
-        self.save_costs();
+        self.save_costs(self.verbose);
         done
     }
 }
@@ -546,10 +551,11 @@ impl Engine {
         }
     }
 
-    /// Keeps a fresh calibration, and adds what this run measured to the
-    /// runs' evidence in the kept file (another process may have added to
-    /// it meanwhile: a server, one-shots beside it).
-    fn save_costs(&self) {
+    /// Keeps a fresh calibration, and adds what this run measured (a
+    /// server's requests since it was last idle) to the runs' evidence in
+    /// the kept file (another process may have added to it meanwhile: a
+    /// server, one-shots beside it); `report`s what it measured.
+    fn save_costs(&self, report: bool) {
         let mut costs = self.costs.lock().unwrap_or_else(|e| e.into_inner());
         let Some(current) = costs.as_mut() else {
             return;
@@ -560,7 +566,7 @@ impl Engine {
             _ => current.clone(),
         };
         kept.pool(&seen);
-        if self.verbose && seen.known() {
+        if report && seen.known() {
             eprintln!(
                 "cmpl: call costs (× a one-token call), measured here: {}; pooled with the runs before: {}",
                 seen.measured(),
