@@ -190,34 +190,22 @@ impl Costs {
     /// The sizes this run measured past one token, as `curve` writes them
     /// (`none` where it drafted nothing).
     pub fn measured(&self) -> String {
-        let sizes: Vec<String> = (2..=SIZES)
-            .filter(|&n| self.weight[n] > 0.0)
-            .map(|n| format!("{n}:{:.2}", self.relative(n)))
-            .collect();
-        if sizes.is_empty() {
-            "none".to_string()
-        } else {
-            sizes.join(" ")
-        }
+        listed(
+            (2..=SIZES)
+                .filter(|&n| self.weight[n] > 0.0)
+                .map(|n| format!("{n}:{:.2}", self.relative(n))),
+        )
     }
 
     /// The runs' pool, as `curve` writes it, with the calls each size rests
     /// on (`none` while it is empty).
     pub fn pooled(&self) -> String {
-        let sizes: Vec<String> = (2..=SIZES)
-            .filter(|&n| self.pool_calls[n] > 0.0)
-            .map(|n| {
-                format!(
-                    "{n}:{:.2} ({:.0} calls)",
-                    self.pool_cost[n], self.pool_calls[n]
-                )
-            })
-            .collect();
-        if sizes.is_empty() {
-            "none".to_string()
-        } else {
-            sizes.join(" ")
-        }
+        listed((2..=SIZES).filter(|&n| self.pool_calls[n] > 0.0).map(|n| {
+            format!(
+                "{n}:{:.2} ({:.0} calls)",
+                self.pool_cost[n], self.pool_calls[n]
+            )
+        }))
     }
 
     /// Times `decode(n)` (a call of `n` tokens) for the calibrated sizes,
@@ -311,6 +299,16 @@ impl Costs {
             return;
         }
         prune(dir, KEPT_FILES);
+    }
+}
+
+/// Sizes as `curve` writes them, `none` for none.
+fn listed(sizes: impl Iterator<Item = String>) -> String {
+    let sizes: Vec<String> = sizes.collect();
+    if sizes.is_empty() {
+        "none".to_string()
+    } else {
+        sizes.join(" ")
     }
 }
 

@@ -448,22 +448,26 @@ impl Engine {
         if costs.is_some() {
             return;
         }
-        let (found, how) = match costs::Costs::load(&self.costs_key) {
-            Some(c) if c.known() && c.departs() => {
+        let kept = costs::Costs::load(&self.costs_key).filter(costs::Costs::known);
+        let (found, how) = match kept {
+            Some(c) if !c.departs() => (c, "as kept".to_string()),
+            kept => {
                 let started = std::time::Instant::now();
-                let c = c.renewed(self.calibrate());
+                let fresh = self.calibrate();
                 let ms = started.elapsed().as_millis();
-                let how =
-                    format!("calibrated again in {ms} ms (the runs' own departed from the kept)");
-                (c, how)
-            }
-            Some(c) if c.known() => (c, "as kept".to_string()),
-            _ => {
-                let started = std::time::Instant::now();
-                let mut c = self.calibrate();
-                c.changed = true;
-                let ms = started.elapsed().as_millis();
-                (c, format!("calibrated in {ms} ms"))
+                match kept {
+                    Some(c) => (
+                        c.renewed(fresh),
+                        format!(
+                            "calibrated again in {ms} ms (the runs' own departed from the kept)"
+                        ),
+                    ),
+                    None => {
+                        let mut c = fresh;
+                        c.changed = true;
+                        (c, format!("calibrated in {ms} ms"))
+                    }
+                }
             }
         };
         if self.verbose {
@@ -561,6 +565,10 @@ impl Engine {
             return;
         };
         let seen = std::mem::take(&mut *self.seen.lock().unwrap_or_else(|e| e.into_inner()));
+        if !seen.known() && !current.changed {
+            // Nothing to pool or keep (a server idle again): no file to touch.
+            return;
+        }
         let mut kept = match costs::Costs::load(&self.costs_key) {
             Some(file) if file.known() && !current.changed => file,
             _ => current.clone(),
