@@ -37,6 +37,10 @@ const PASSES: usize = 3;
 /// the latest [`POOLED`] calls at most (older runs fade).
 const SETTLED: f64 = KEEP;
 const DEPARTS: f64 = 0.1;
+/// A curve is timed again at most this often, however its runs depart:
+/// every run until then drafts as the one before (the same command, the
+/// same drafts, the same bytes), and a departing pool waits.
+const RETIME_AFTER_SECS: u64 = 3600;
 const POOLED: f64 = 5.0 * KEEP;
 /// The cost file's format: 2 added the pool.
 const VERSION: u64 = 2;
@@ -55,6 +59,8 @@ pub struct Costs {
     /// calls it rests on.
     pool_cost: Vec<f64>,
     pool_calls: Vec<f64>,
+    /// When the curve was timed (seconds since the Unix epoch).
+    timed: u64,
     /// Recorded since loaded or saved.
     pub changed: bool,
 }
@@ -66,6 +72,7 @@ impl Default for Costs {
             weight: vec![0.0; SIZES + 1],
             pool_cost: vec![0.0; SIZES + 1],
             pool_calls: vec![0.0; SIZES + 1],
+            timed: 0,
             changed: false,
         }
     }
@@ -149,9 +156,15 @@ impl Costs {
         }
     }
 
-    /// Whether the pool, on a size it holds [`SETTLED`] calls of, departs
-    /// from the curve by more than [`DEPARTS`] (see [`Costs::renewed`]).
-    pub fn departs(&self) -> bool {
+    /// Whether the curve is due to be timed again: the pool, on a size it
+    /// holds [`SETTLED`] calls of, departs from it by more than [`DEPARTS`],
+    /// and it was timed [`RETIME_AFTER_SECS`] ago or more (see
+    /// [`Costs::renewed`]).
+    pub fn due(&self) -> bool {
+        self.departs() && now().saturating_sub(self.timed) >= RETIME_AFTER_SECS
+    }
+
+    fn departs(&self) -> bool {
         (2..=SIZES).any(|n| {
             self.pool_calls[n] >= SETTLED
                 && (self.pool_cost[n] / self.relative(n) - 1.0).abs() > DEPARTS
@@ -231,7 +244,10 @@ impl Costs {
                 }
             }
         }
-        let mut costs = Costs::default();
+        let mut costs = Costs {
+            timed: now(),
+            ..Costs::default()
+        };
         for (&secs, &n) in best.iter().zip(&CALIBRATED) {
             if secs.is_finite() {
                 costs.record(n, secs);
@@ -242,7 +258,7 @@ impl Costs {
 
     pub fn to_json(&self) -> Value {
         json!({"version": VERSION, "secs": self.secs, "weight": self.weight,
-               "pool_cost": self.pool_cost, "pool_calls": self.pool_calls})
+               "pool_cost": self.pool_cost, "pool_calls": self.pool_calls, "timed": self.timed})
     }
 
     /// Costs saved by [`Costs::to_json`]; `None` for anything else (a file
@@ -265,6 +281,7 @@ impl Costs {
                 .into_iter()
                 .map(|w| w.min(POOLED))
                 .collect(),
+            timed: v.get("timed")?.as_u64()?,
             changed: false,
         })
     }
@@ -300,6 +317,13 @@ impl Costs {
         }
         prune(dir, KEPT_FILES);
     }
+}
+
+/// Seconds since the Unix epoch (0 on a clock before it).
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// Sizes as `curve` writes them, `none` for none.
@@ -403,7 +427,14 @@ mod tests {
         }
         assert!(kept.changed, "the pool is kept");
         kept.pool(&run(30, 8, 12, 0.036));
-        assert!(kept.departs());
+        assert!(kept.departs() && kept.due());
+        // A curve timed within the hour waits: the runs until then draft
+        // as the one before.
+        let young = Costs {
+            timed: now(),
+            ..kept.clone()
+        };
+        assert!(young.departs() && !young.due());
         assert!((kept.relative(8) - 3.0).abs() < 1e-9, "the curve as it was");
         // A calibration timed now: the curve takes it, with the pool's
         // costs where the pool is settled.

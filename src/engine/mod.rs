@@ -450,7 +450,7 @@ impl Engine {
         }
         let kept = costs::Costs::load(&self.costs_key).filter(costs::Costs::known);
         let (found, how) = match kept {
-            Some(c) if !c.departs() => (c, "as kept".to_string()),
+            Some(c) if !c.due() => (c, "as kept".to_string()),
             kept => {
                 let started = std::time::Instant::now();
                 let fresh = self.calibrate();
