@@ -159,7 +159,7 @@ fn seeded_answers_are_the_same_bytes_alone_in_any_batch_and_on_a_loaded_server()
     for i in [0, 7, 28, 31] {
         assert_eq!(post(&lines[i]), alone[i], "server, line {i} again");
     }
-    let log = server.log.lock().unwrap().join("\n");
+    let log = server.log_when(|l| l.contains("(reused 512 prompt tokens)"));
     assert!(
         log.contains("(reused 512 prompt tokens)"),
         "a long prompt's first chunk is reused: {log}"

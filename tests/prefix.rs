@@ -204,8 +204,8 @@ fn server_requests_reuse_prefixes_across_slots() {
     for (c, p) in cached.iter().zip(&plain) {
         same_answer(c, p);
     }
+    let reused = logged_reuse(&server, 6);
     let log = server.log.lock().unwrap().join("\n");
-    let reused = logged_reuse(&server);
     assert_eq!(reused.len(), 6, "{log}");
     assert_eq!(reused[0], 0, "{log}");
     assert!(
@@ -214,9 +214,10 @@ fn server_requests_reuse_prefixes_across_slots() {
     );
 }
 
-/// The reused counts of the server's request log lines, in order.
-fn logged_reuse(server: &Served) -> Vec<u32> {
-    let log = server.log.lock().unwrap().join("\n");
+/// The reused counts of the server's request log lines, in order, once
+/// it has logged `requests`.
+fn logged_reuse(server: &Served, requests: usize) -> Vec<u32> {
+    let log = server.log_when(|l| l.matches("cmpl: POST").count() >= requests);
     log.lines()
         .filter(|l| l.contains("POST"))
         .map(|l| {
@@ -252,7 +253,7 @@ fn server_slots_let_the_least_recently_used_prefix_go_first() {
             .iter()
             .map(|b| serde_json::from_str(&server.post(b).1).unwrap())
             .collect();
-        (out, logged_reuse(&server))
+        (out, logged_reuse(&server, bodies.len()))
     };
     let (plain, _) = answers(&["--no-prefix-cache"]);
     let (cached, reused) = answers(&[]);

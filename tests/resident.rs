@@ -32,7 +32,7 @@ impl Home {
 
     /// The same command with a resident.
     fn warm(&self, args: &[&str]) -> Cmpl {
-        self.cmpl(args).args(["--keep-alive", "120s"])
+        self.cmpl(args).args(["--keep-alive", "600s"])
     }
 
     fn sockets(&self) -> Vec<PathBuf> {
@@ -539,11 +539,11 @@ fn a_caller_interrupted_or_killed_cancels_its_request() {
         if signal == libc::SIGINT {
             assert_eq!(status.code(), Some(130));
         }
-        let stopped = Instant::now();
-        wait_until("the resident's cancel", Duration::from_secs(1), || {
+        // Within a few tokens (the answer would take most of a minute);
+        // the limit leaves room for a busy machine's stalls.
+        wait_until("the resident's cancel", Duration::from_secs(10), || {
             running(&socket) == 0
         });
-        assert!(stopped.elapsed() < Duration::from_secs(1));
     }
 }
 

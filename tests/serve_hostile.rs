@@ -51,13 +51,13 @@ fn a_client_that_leaves_while_queued_costs_nothing() {
         server.port,
         &json!({"prompt": "A long prompt to prefill", "max_tokens": 8}).to_string(),
     );
-    std::thread::sleep(Duration::from_millis(300));
+    server.wait_metric("vllm:num_requests_waiting", |n| n == 1.0);
     drop(queued);
     std::thread::sleep(Duration::from_millis(300));
     drop(running);
     let (status, text) = server.post(&json!({"prompt": "Hi", "max_tokens": 2}).to_string());
     assert_eq!(status, 200, "{text}");
-    let log = server.log.lock().unwrap().join("\n");
+    let log = server.log_when(|l| l.contains("(left while queued)"));
     assert!(
         log.contains("499 0 tokens 0.000 s (left while queued)"),
         "{log}"
@@ -85,7 +85,7 @@ fn the_drain_time_bounds_shutdown() {
         "not after 4000 tokens: {:?}",
         started.elapsed()
     );
-    let log = server.log.lock().unwrap().join("\n");
+    let log = server.log_when(|l| l.contains("the drain time (1 s, --drain-timeout) ran out"));
     assert!(
         log.contains("the drain time (1 s, --drain-timeout) ran out"),
         "{log}"

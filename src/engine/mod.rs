@@ -742,7 +742,10 @@ impl Engine {
 /// kernels run (GPU layers, repacking, deterministic mode).
 fn costs_key(path: &std::path::Path, opts: &LoadOptions, threads: i32) -> String {
     use sha2::Digest;
-    let meta = std::fs::metadata(path).ok();
+    // One file by whatever path it was named (relative, through a link, or
+    // as a resident names it): one curve.
+    let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let meta = std::fs::metadata(&canonical).ok();
     let modified = meta
         .as_ref()
         .and_then(|m| m.modified().ok())
@@ -758,7 +761,7 @@ fn costs_key(path: &std::path::Path, opts: &LoadOptions, threads: i32) -> String
         .unwrap_or_default();
     let what = format!(
         "{}|{}|{modified}|{cpu}|{}|{threads}|{:?}|{}|{}",
-        path.display(),
+        canonical.display(),
         meta.map_or(0, |m| m.len()),
         cpu_features().join(","),
         opts.n_gpu_layers,

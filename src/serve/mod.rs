@@ -416,6 +416,10 @@ async fn serve(
     let mut poll = tokio::time::interval(Duration::from_millis(100));
     let model_file = crate::resident::identity(&shared.path).ok();
     let mut ticks = 0u64;
+    // Idle from now, not from before the context and the calibration: a
+    // short keep-alive must not end a resident before its caller's request.
+    let ready = shared.born.elapsed().as_millis() as u64;
+    shared.last_active.fetch_max(ready, Ordering::SeqCst);
     let stop = loop {
         tokio::select! {
             accepted = listener.accept() => {

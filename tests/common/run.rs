@@ -88,8 +88,31 @@ pub fn isolate(cmd: &mut Command) {
     cmd.env("HF_HUB_CACHE", "/nonexistent/cmpl-tests-hub");
     // Asking for the models folder is how the model is found in the first place.
     if cmd.get_args().all(|a| a != "--models-dir") {
-        cmd.env("CMPL_MODEL", model_path());
+        cmd.env("CMPL_MODEL", model_path())
+            .env("XDG_CACHE_HOME", test_cache());
     }
+}
+
+/// A cache folder of this test binary's own, emptied as it starts, with the
+/// models folder linked in: its runs time their decode-call costs afresh
+/// and keep them there, so a curve kept from another day is never timed
+/// again between two runs a test compares (a re-timed curve changes the
+/// drafts, and with them the rounding), and no test moves the user's curve.
+fn test_cache() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let exe = std::env::current_exe().unwrap();
+        let name = exe.file_stem().unwrap().to_string_lossy().into_owned();
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join("cache")
+            .join(name);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("cmpl")).unwrap();
+        std::os::unix::fs::symlink(model_path().parent().unwrap(), dir.join("cmpl/models"))
+            .unwrap();
+        dir
+    })
+    .clone()
 }
 
 /// Starts a long generation, waits for its first output, sends SIGINT;

@@ -58,6 +58,43 @@ impl Served {
         Served { child, port, log }
     }
 
+    /// Its log once `done` holds of it, or as it is after 30 s: a request's
+    /// line is written as its answer ends, and may reach the log after the
+    /// client has read the answer.
+    pub fn log_when(&self, done: impl Fn(&str) -> bool) -> String {
+        let start = std::time::Instant::now();
+        loop {
+            let log = self.log.lock().unwrap().join("\n");
+            if done(&log) || start.elapsed() > Duration::from_secs(30) {
+                return log;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// A value its /metrics reports now.
+    pub fn metric(&self, name: &str) -> f64 {
+        let (_, text) = self.send("GET", "/metrics", "", None);
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in /metrics: {text}"))
+    }
+
+    /// Waits (at most a minute) until `done` holds of a value its /metrics
+    /// reports.
+    pub fn wait_metric(&self, name: &str, done: impl Fn(f64) -> bool) {
+        let start = std::time::Instant::now();
+        while !done(self.metric(name)) {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "{name} stayed at {}",
+                self.metric(name)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// The API root, as --base-url and the OpenAI SDK take it.
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}/v1", self.port)
