@@ -115,12 +115,10 @@ pub fn stop(which: &str, out: &mut dyn Write) -> Result<()> {
         while socket.exists() && asked.elapsed() < STOP_WAIT {
             std::thread::sleep(Duration::from_millis(20));
         }
-        // SAFETY: as above; signal 0 only asks whether it still runs.
-        while unsafe { libc::kill(pid, 0) } == 0 && asked.elapsed() < STOP_WAIT {
+        while running(pid) && asked.elapsed() < STOP_WAIT {
             std::thread::sleep(Duration::from_millis(20));
         }
-        // SAFETY: as above.
-        if unsafe { libc::kill(pid, 0) } == 0 {
+        if running(pid) {
             still.push(format!("{} (pid {pid})", path.display()));
             continue;
         }
@@ -158,4 +156,49 @@ fn seconds(s: f64) -> String {
 
 fn mib(bytes: u64) -> String {
     format!("{} MiB", bytes >> 20)
+}
+
+/// Whether `pid` still runs. One that has exited and not been reaped (its
+/// caller gone, and nothing reaping orphans, as in a container whose first
+/// process does not) still answers signal 0: it is done once its first
+/// thread is a zombie and no other thread is left (those still exiting hold
+/// its memory and its sockets).
+fn running(pid: i32) -> bool {
+    // SAFETY: signal 0 only asks whether it exists.
+    if unsafe { libc::kill(pid, 0) } != 0 {
+        return false;
+    }
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    // After the command name in parentheses (which may hold any byte).
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next());
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
+    state != Some("Z") || threads > 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::running;
+
+    #[test]
+    fn an_exited_process_not_yet_reaped_is_not_running() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("0.2")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        assert!(running(pid));
+        // Exited, and this test (its parent) has not reaped it: a zombie.
+        let start = std::time::Instant::now();
+        while running(pid) {
+            assert!(start.elapsed().as_secs() < 10, "still running");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        // SAFETY: signal 0 only asks whether it exists: it does, unreaped.
+        assert_eq!(unsafe { libc::kill(pid, 0) }, 0);
+        child.wait().unwrap();
+    }
 }
