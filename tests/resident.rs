@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// A runtime folder (`XDG_RUNTIME_DIR`) of the test's own; its residents
-/// are stopped when it goes (and leave on their own after two minutes).
+/// are stopped when it goes (and leave on their own after ten minutes).
 struct Home {
     dir: tempfile::TempDir,
 }

@@ -743,7 +743,8 @@ impl Engine {
 fn costs_key(path: &std::path::Path, opts: &LoadOptions, threads: i32) -> String {
     use sha2::Digest;
     // One file by whatever path it was named (relative, through a link, or
-    // as a resident names it): one curve.
+    // as a resident names it): one curve, named for the file itself (a
+    // hub model's is its blob's hash).
     let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
     let meta = std::fs::metadata(&canonical).ok();
     let modified = meta
@@ -769,7 +770,7 @@ fn costs_key(path: &std::path::Path, opts: &LoadOptions, threads: i32) -> String
         opts.deterministic
     );
     let digest = sha2::Sha256::digest(what.as_bytes());
-    let name = path
+    let name = canonical
         .file_stem()
         .map(|s| {
             s.to_string_lossy()

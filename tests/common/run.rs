@@ -97,7 +97,8 @@ pub fn isolate(cmd: &mut Command) {
 /// models folder linked in: its runs time their decode-call costs afresh
 /// and keep them there, so a curve kept from another day is never timed
 /// again between two runs a test compares (a re-timed curve changes the
-/// drafts, and with them the rounding), and no test moves the user's curve.
+/// drafts, and with them the rounding), and no test moves the user's curve
+/// (on Linux: macOS keeps caches in ~/Library/Caches whatever XDG says).
 fn test_cache() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
@@ -108,8 +109,9 @@ fn test_cache() -> PathBuf {
             .join(name);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("cmpl")).unwrap();
-        std::os::unix::fs::symlink(model_path().parent().unwrap(), dir.join("cmpl/models"))
-            .unwrap();
+        // Another process of this binary may have linked it meanwhile.
+        let _ = std::os::unix::fs::symlink(model_path().parent().unwrap(), dir.join("cmpl/models"));
+        assert!(dir.join("cmpl/models").is_dir(), "{}", dir.display());
         dir
     })
     .clone()
