@@ -4,7 +4,7 @@
 //! tests), and drafts are really taken on a prompt the answer copies from.
 
 mod common;
-use common::run::cmpl;
+use common::run::{cmpl, wait_until};
 use common::schema::{assert_valid, follows_single_run};
 use common::served::Served;
 use serde_json::{json, Value};
@@ -318,29 +318,25 @@ fn a_server_pools_the_costs_it_measures_while_it_runs() {
     let cache = tempfile::tempdir().unwrap();
     let cache_dir = cache.path().to_str().unwrap();
     let server = Served::start(&[], &[("XDG_CACHE_HOME", cache_dir)]);
+    // Nothing is kept until it first goes idle.
     let pooled = || {
-        // Nothing kept until it first goes idle.
-        if kept_curves(cache.path()).is_empty() {
-            return 0.0;
-        }
-        let (_, v) = kept_curve(cache.path());
-        v["pool_calls"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| c.as_f64().unwrap())
-            .sum::<f64>()
+        kept_curves(cache.path()).first().map_or(0.0, |file| {
+            let v: Value = serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+            v["pool_calls"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c.as_f64().unwrap())
+                .sum::<f64>()
+        })
     };
     let (status, body) = server.post(&request(COPY, json!({})));
     assert_eq!(status, 200, "{body}");
     // Once idle, it adds what the request measured to the pool: not only
     // when it stops (a server can run for days).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while pooled() == 0.0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "nothing pooled while running"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    wait_until(
+        "pooling while running",
+        std::time::Duration::from_secs(10),
+        || pooled() > 0.0,
+    );
 }

@@ -5,7 +5,7 @@
 //! model file changes. Each test has a runtime folder of its own.
 
 mod common;
-use common::run::{cmpl, model_path, second_model_path, Cmpl, Output};
+use common::run::{cmpl, model_path, second_model_path, wait_until, Cmpl, Output};
 use serde_json::Value;
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -82,17 +82,6 @@ fn status(socket: &Path) -> Value {
 fn pid_alive(pid: i64) -> bool {
     // SAFETY: signal 0 only asks whether the process exists.
     unsafe { libc::kill(pid as i32, 0) == 0 }
-}
-
-fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(
-            start.elapsed() < limit,
-            "{what} did not happen within {limit:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// What differs between two runs of one command: ids and `created`.

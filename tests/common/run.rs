@@ -117,6 +117,18 @@ fn test_cache() -> PathBuf {
     .clone()
 }
 
+/// Waits until `done`, failing the test past `limit`.
+pub fn wait_until(what: &str, limit: std::time::Duration, mut done: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < limit,
+            "{what} did not happen within {limit:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// Starts a long generation, waits for its first output, sends SIGINT;
 /// returns the exit status and all it printed.
 pub fn interrupt(args: &[&str]) -> (Option<i32>, String) {

@@ -2,7 +2,7 @@
 //! harness (the test model, no user config), on a port it picks; stopped
 //! when dropped, on failure too.
 
-use super::run::{cmpl, Cmpl};
+use super::run::{cmpl, wait_until, Cmpl};
 use std::io::{BufRead, BufReader};
 use std::process::Child;
 use std::sync::{Arc, Mutex};
@@ -84,15 +84,7 @@ impl Served {
     /// Waits (at most a minute) until `done` holds of a value its /metrics
     /// reports.
     pub fn wait_metric(&self, name: &str, done: impl Fn(f64) -> bool) {
-        let start = std::time::Instant::now();
-        while !done(self.metric(name)) {
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "{name} stayed at {}",
-                self.metric(name)
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_until(name, Duration::from_secs(60), || done(self.metric(name)));
     }
 
     /// The API root, as --base-url and the OpenAI SDK take it.
