@@ -50,6 +50,8 @@ pub enum Event<'a> {
         prompt: Option<&'a [TokenInfo]>,
         /// Each choice's seed, where the backend knows it.
         seeds: &'a [Option<u64>],
+        /// A chat's prompt as its template rendered it (what `echo` shows).
+        rendered: Option<&'a str>,
     },
     /// A choice produced a token. `text` is what became final with it (the
     /// stop matcher may hold text back, or release several tokens' worth).
@@ -103,6 +105,8 @@ pub enum Owned {
     Started {
         prompt: Option<Vec<TokenInfo>>,
         seeds: Vec<Option<u64>>,
+        #[serde(default)]
+        rendered: Option<String>,
     },
     Token {
         choice: u32,
@@ -123,9 +127,15 @@ impl From<&Event<'_>> for Owned {
             Event::Rejected { error, .. } => Owned::Rejected {
                 error: error.clone(),
             },
-            Event::Started { prompt, seeds, .. } => Owned::Started {
+            Event::Started {
+                prompt,
+                seeds,
+                rendered,
+                ..
+            } => Owned::Started {
                 prompt: prompt.map(<[TokenInfo]>::to_vec),
                 seeds: seeds.to_vec(),
+                rendered: rendered.map(str::to_string),
             },
             Event::Token {
                 choice,
@@ -155,10 +165,15 @@ impl Owned {
     pub fn report(self, job: usize, sink: &mut Sink) -> Result<()> {
         match self {
             Owned::Rejected { error } => sink(Event::Rejected { job, error }),
-            Owned::Started { prompt, seeds } => sink(Event::Started {
+            Owned::Started {
+                prompt,
+                seeds,
+                rendered,
+            } => sink(Event::Started {
                 job,
                 prompt: prompt.as_deref(),
                 seeds: &seeds,
+                rendered: rendered.as_deref(),
             }),
             Owned::Token {
                 choice,

@@ -8,8 +8,9 @@ use crate::config::Config;
 use crate::error::{CmplError, Result};
 use crate::options::Invocation;
 use crate::request::{RawRequest, Request};
+use crate::safety::Guard;
 use crate::signal::INTERRUPTED;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::Path;
 
@@ -57,17 +58,29 @@ pub fn run(inv: &Invocation, config: &Config, file: Option<&Path>) -> Result<boo
         failed: false,
     };
     // Per valid line: its index and number, its response header, its prompt
-    // if echoed, and its logprobs (what its response needs of the request).
+    // if echoed, its logprobs (what its response needs of the request), and
+    // the request itself where a safety model judges its answers.
     let mut requests = Vec::new();
     let mut meta = Vec::new();
+    let mut guards = HashMap::new();
     for (i, (number, text)) in lines.iter().enumerate() {
         let mut header = header(created, i, text);
-        match parse(&config.request, &inv.flags, text, &header) {
+        let parsed = parse(&config.request, &inv.flags, text, &header).and_then(|request| {
+            if let Some(named) = &request.safety_model {
+                if !guards.contains_key(named) {
+                    guards.insert(named.clone(), Guard::open(named, &inv.runtime)?);
+                }
+                guards[named].check_prompt(&request)?;
+            }
+            Ok(request)
+        });
+        match parsed {
             Ok(request) => {
                 // The model as the line names it, else the run's.
                 header.model = request.model.clone().unwrap_or_else(|| model.clone());
                 let echoed = request.echo.then(|| request.prompt.clone());
-                meta.push((i, *number, header, echoed, request.logprobs));
+                let guarded = request.safety_model.is_some().then(|| request.clone());
+                meta.push((i, *number, header, echoed, request.logprobs, guarded));
                 requests.push(request);
             }
             Err(e) => out.fail(i, *number, e),
@@ -100,7 +113,16 @@ pub fn run(inv: &Invocation, config: &Config, file: Option<&Path>) -> Result<boo
                 drafts.add(result.drafts);
                 reused += u64::from(result.reused);
                 prompt_tokens += u64::from(result.prompt_tokens);
-                let (line, _, header, echoed, logprobs) = &meta[job];
+                let (line, number, header, echoed, logprobs, guarded) = &meta[job];
+                if let Some(request) = guarded {
+                    let guard = &guards[request.safety_model.as_deref().unwrap_or_default()];
+                    if let Err(e) = guard.check_answers(request, &result) {
+                        out.fail(*line, *number, e);
+                        out.write_ready()?;
+                        progress.done();
+                        return Ok(());
+                    }
+                }
                 let response = crate::printer::response(
                     header,
                     echoed.as_deref().unwrap_or_default(),
@@ -112,6 +134,16 @@ pub fn run(inv: &Invocation, config: &Config, file: Option<&Path>) -> Result<boo
                 out.ready.insert(*line, text);
                 out.write_ready()?;
                 progress.done();
+            }
+            Event::Started {
+                job,
+                rendered: Some(rendered),
+                ..
+            } => {
+                // A chat's echo is its prompt as the template rendered it.
+                if let Some(echoed) = &mut meta[job].3 {
+                    *echoed = rendered.to_string();
+                }
             }
             Event::Started { .. } => {}
         }

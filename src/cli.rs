@@ -122,7 +122,9 @@ pub struct Cli {
     #[arg(short = 'n', long = "n", value_name = "N", help_heading = "Request")]
     pub n: Option<i64>,
 
-    /// Moderation model (not supported in this release: refused with an error).
+    /// A guard model (Llama Guard, ShieldGemma; any model reference) that
+    /// must find the prompt, then the answer, safe: a flagged one is never
+    /// shown (exit 3, the categories named). Streams wait for its verdict.
     #[arg(long, value_name = "MODEL", help_heading = "Request")]
     pub safety_model: Option<String>,
 
@@ -200,6 +202,22 @@ pub struct Cli {
         help_heading = "Structured output"
     )]
     pub grammar_file: Option<PathBuf>,
+
+    /// Instruct models: the prompt becomes one user message, rendered through
+    /// the model's own chat template (tokenizer.chat_template) with the
+    /// assistant's turn opened; the answer ends at the turn's end. Also
+    /// $CMPL_CHAT=1 or the config's "chat" [default: off, raw prompts].
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", help_heading = "Chat")]
+    pub chat: Option<bool>,
+
+    /// A system message before the prompt (implies --chat).
+    #[arg(long, value_name = "TEXT", help_heading = "Chat")]
+    pub system: Option<String>,
+
+    /// The Jinja chat template in FILE instead of the model's own, for a
+    /// model without one (implies --chat).
+    #[arg(long, value_name = "FILE", help_heading = "Chat")]
+    pub chat_template: Option<PathBuf>,
 
     /// Print the API's JSON: one CompletionResponse, or SSE chunks with --stream.
     #[arg(long, help_heading = "Input and output")]
@@ -594,6 +612,17 @@ impl Cli {
             float_for("frequency_penalty", self.frequency_penalty)?,
         );
         put("seed", self.seed.map(|v| json!(v)));
+        put("chat", self.chat.map(Value::Bool));
+        put("system", self.system.clone().map(Value::String));
+        if let Some(path) = &self.chat_template {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                CmplError::invalid(
+                    "chat_template",
+                    format!("--chat-template {}: {e}", path.display()),
+                )
+            })?;
+            put("chat_template", Some(Value::String(text)));
+        }
         if !self.logit_bias.is_empty() {
             let mut map = Map::new();
             for item in &self.logit_bias {

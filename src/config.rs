@@ -42,14 +42,35 @@ pub fn default_path() -> Option<PathBuf> {
 /// Reads `$CMPL_CONFIG` (which must exist) or the default file (if
 /// present). `runtime_keys` are the other keys it may hold.
 pub fn load(runtime_keys: &[&str]) -> Result<Config> {
-    match std::env::var_os("CMPL_CONFIG").filter(|v| !v.is_empty()) {
-        Some(path) => read(Path::new(&path), runtime_keys),
+    let mut config = match std::env::var_os("CMPL_CONFIG").filter(|v| !v.is_empty()) {
+        Some(path) => read(Path::new(&path), runtime_keys)?,
         None => match default_path() {
-            Some(path) if path.exists() => read(&path, runtime_keys),
-            _ => Ok(Config::default()),
+            Some(path) if path.exists() => read(&path, runtime_keys)?,
+            _ => Config::default(),
         },
+    };
+    // $CMPL_CHAT sits above the file's `chat`, below the request and flags.
+    if let Some(value) = std::env::var("CMPL_CHAT").ok().filter(|v| !v.is_empty()) {
+        let on = match value.to_ascii_lowercase().as_str() {
+            "1" | "true" | "yes" | "on" => true,
+            "0" | "false" | "no" | "off" => false,
+            _ => {
+                return Err(CmplError::invalid(
+                    "chat",
+                    format!(
+                        "CMPL_CHAT={value:?} is not a switch; set it to 1 (chat templates on) or 0"
+                    ),
+                ))
+            }
+        };
+        config.request.set("chat", Value::Bool(on));
     }
+    Ok(config)
 }
+
+/// The chat fields a config file may set as defaults (a template is given
+/// as a file, with --chat-template).
+const CONFIG_CHAT_KEYS: &[&str] = &["chat", "system"];
 
 fn read(path: &Path, runtime_keys: &[&str]) -> Result<Config> {
     let bad = |message: String| {
@@ -88,7 +109,7 @@ fn read(path: &Path, runtime_keys: &[&str]) -> Result<Config> {
             return Err(bad_key(
                 "a prompt is not a default; give it on the command line".into(),
             ));
-        } else if FIELDS.contains(&key.as_str()) {
+        } else if FIELDS.contains(&key.as_str()) || CONFIG_CHAT_KEYS.contains(&key.as_str()) {
             // Each field meets the request's own checks, alone.
             let mut probe = RawRequest::default();
             probe.set("prompt", Value::String("x".into()));

@@ -24,6 +24,8 @@ pub enum ErrorKind {
     OutputClosed,
     /// A served request's client went away: that request ends, the rest go on.
     Cancelled,
+    /// The safety model flagged the prompt or an answer: nothing is shown.
+    Flagged,
     /// A resident cannot answer a request as the caller's own run would
     /// (its slots are smaller): the caller runs it itself. Never shown.
     Unfit,
@@ -43,12 +45,13 @@ impl ErrorKind {
             ErrorKind::OutputClosed => "output_closed",
             ErrorKind::Cancelled => "cancelled",
             ErrorKind::Unfit => "unfit",
+            ErrorKind::Flagged => "content_filter",
         }
     }
 
     /// The kind whose `api_type` this is (a resident's answer carries it).
     pub fn from_api_type(name: &str) -> ErrorKind {
-        const ALL: [ErrorKind; 10] = [
+        const ALL: [ErrorKind; 11] = [
             ErrorKind::InvalidRequest,
             ErrorKind::Model,
             ErrorKind::ContextLength,
@@ -59,6 +62,7 @@ impl ErrorKind {
             ErrorKind::OutputClosed,
             ErrorKind::Cancelled,
             ErrorKind::Unfit,
+            ErrorKind::Flagged,
         ];
         ALL.into_iter()
             .find(|k| k.api_type() == name)
@@ -68,6 +72,7 @@ impl ErrorKind {
     pub fn exit_code(self) -> i32 {
         match self {
             ErrorKind::InvalidRequest => 2,
+            ErrorKind::Flagged => 3,
             ErrorKind::Interrupted => 130,
             ErrorKind::OutputClosed => 0,
             _ => 1,
@@ -134,6 +139,7 @@ impl CmplError {
                 "param": self.param,
                 "code": match self.kind {
                     ErrorKind::ContextLength => Some("context_length_exceeded"),
+                    ErrorKind::Flagged => Some("flagged"),
                     _ => None,
                 },
             }

@@ -10,6 +10,7 @@ pub mod error;
 pub mod generate;
 pub mod request;
 pub mod stop;
+pub mod template;
 
 mod api;
 mod backend;
@@ -30,6 +31,7 @@ mod printer;
 mod random;
 mod remote;
 mod resident;
+mod safety;
 mod serve;
 mod signal;
 mod url;

@@ -77,22 +77,35 @@ impl<W: Write> Printer<W> {
             return Ok(());
         }
         match (self.format, event) {
-            (_, Event::Started { prompt, seeds, .. }) => match self.format {
-                Format::Text if self.n == 1 && self.echo => {
-                    let prompt = self.prompt.clone();
-                    self.write_styled(&prompt, Style::Dim)?;
+            (
+                _,
+                Event::Started {
+                    prompt,
+                    seeds,
+                    rendered,
+                    ..
+                },
+            ) => {
+                if let Some(rendered) = rendered {
+                    self.prompt = rendered.to_string();
                 }
-                Format::Sse => {
-                    for (choice, &seed) in seeds.iter().enumerate() {
-                        for t in prompt.unwrap_or_default() {
-                            let chunk =
-                                self.chunk(choice as u32, t, &piece_text(t), None, None, seed);
-                            self.write_sse(&chunk)?;
+                match self.format {
+                    Format::Text if self.n == 1 && self.echo => {
+                        let prompt = self.prompt.clone();
+                        self.write_styled(&prompt, Style::Dim)?;
+                    }
+                    Format::Sse => {
+                        for (choice, &seed) in seeds.iter().enumerate() {
+                            for t in prompt.unwrap_or_default() {
+                                let chunk =
+                                    self.chunk(choice as u32, t, &piece_text(t), None, None, seed);
+                                self.write_sse(&chunk)?;
+                            }
                         }
                     }
+                    _ => {}
                 }
-                _ => {}
-            },
+            }
             (Format::Text, Event::Token { text, token, .. }) if self.n == 1 => {
                 let style = match token.logprob {
                     Some(lp) if self.heat_map => Style::Heat(lp.exp()),

@@ -3,6 +3,7 @@
 
 use crate::constraint::{self, Constraint};
 use crate::error::{CmplError, Result};
+use crate::template::Message;
 use serde_json::{Map, Value};
 
 /// Defaults for fields the request leaves out (documented in `--help` and the man page).
@@ -49,6 +50,16 @@ pub const FIELDS: &[&str] = &[
 /// bodies with OpenAI's meaning where cmpl has it, refused by name where not.
 pub const COMPAT_FIELDS: &[&str] = &["user", "stream_options", "best_of", "suffix"];
 
+/// cmpl's chat fields: `chat` renders the prompt as one user message through
+/// the model's chat template (`system` adds a system message before it,
+/// `chat_template` gives a template instead of the model's); `messages` is a
+/// whole conversation in place of `prompt` (the chat endpoint's).
+pub const CHAT_FIELDS: &[&str] = &["chat", "system", "chat_template", "messages"];
+
+/// Bounds on a conversation: its turns, and a template given in a request.
+pub const MAX_MESSAGES: usize = 1024;
+pub const MAX_TEMPLATE_BYTES: usize = 256 << 10;
+
 impl RawRequest {
     /// Parses a JSON request body. `origin` names the source in messages.
     pub fn from_json(text: &str, origin: &str) -> Result<RawRequest> {
@@ -74,6 +85,7 @@ impl RawRequest {
         for key in fields.keys() {
             if !FIELDS.contains(&key.as_str())
                 && !COMPAT_FIELDS.contains(&key.as_str())
+                && !CHAT_FIELDS.contains(&key.as_str())
                 && !constraint::FIELDS.contains(&key.as_str())
             {
                 return Err(CmplError::invalid(
@@ -176,11 +188,33 @@ pub struct Request {
     /// Structured output: what the text must be (`response_format` or
     /// `structured_outputs`), enforced while decoding.
     pub constraint: Option<Constraint>,
+    /// A conversation to render through a chat template into the prompt
+    /// (by the backend, which knows the model's template).
+    pub chat: Option<Chat>,
+    /// A guard model that must find the prompt and the answer safe
+    /// (`safety_model`, run by the face: see `safety`).
+    pub safety_model: Option<String>,
+}
+
+/// What `--chat` (or a chat request) decodes from: the turns, rendered with
+/// the model's template, or `template` where one was given.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Chat {
+    pub messages: Vec<Message>,
+    pub template: Option<String>,
 }
 
 impl Request {
     pub fn validate(raw: &RawRequest) -> Result<Request> {
+        let messages = messages(raw)?;
         let prompt = match raw.get("prompt") {
+            None if messages.is_some() => String::new(),
+            Some(_) if messages.is_some() => {
+                return Err(CmplError::invalid(
+                    "messages",
+                    "give `prompt` or `messages`, not both",
+                ))
+            }
             None => {
                 return Err(CmplError::invalid(
                     "prompt",
@@ -205,16 +239,10 @@ impl Request {
             },
             Some(v) => string(v, "prompt")?,
         };
-        if prompt.is_empty() {
+        if prompt.is_empty() && messages.is_none() {
             return Err(CmplError::invalid(
                 "prompt",
                 "`prompt` is empty; give the text to complete",
-            ));
-        }
-        if raw.get("safety_model").is_some() {
-            return Err(CmplError::invalid(
-                "safety_model",
-                "`safety_model` is not supported in this release; remove it from the request",
             ));
         }
         let stop = stop(raw)?;
@@ -230,6 +258,7 @@ impl Request {
             frequency_penalty: number(raw, "frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0),
             logit_bias: logit_bias(raw)?,
         };
+        let chat = chat(raw, &prompt, messages)?;
         Ok(Request {
             model: raw.get("model").map(|v| string(v, "model")).transpose()?,
             prompt,
@@ -247,8 +276,163 @@ impl Request {
                 raw.get("response_format"),
                 raw.get("structured_outputs"),
             )?,
+            chat,
+            safety_model: raw
+                .get("safety_model")
+                .map(|v| string(v, "safety_model"))
+                .transpose()?,
         })
     }
+}
+
+/// The conversation, where the request is a chat: `messages` as given (a
+/// `system` before them), or `chat` with the prompt as the user's message.
+fn chat(raw: &RawRequest, prompt: &str, messages: Option<Vec<Message>>) -> Result<Option<Chat>> {
+    let on = boolean(raw, "chat")?;
+    let system = raw.get("system").map(|v| string(v, "system")).transpose()?;
+    let template = raw
+        .get("chat_template")
+        .map(|v| string(v, "chat_template"))
+        .transpose()?;
+    if template
+        .as_ref()
+        .is_some_and(|t| t.len() > MAX_TEMPLATE_BYTES)
+    {
+        return Err(CmplError::invalid(
+            "chat_template",
+            format!("the chat template is over {} KiB", MAX_TEMPLATE_BYTES >> 10),
+        ));
+    }
+    // A system message or a template asks for a chat; `"chat": false`
+    // beside one is a contradiction.
+    let implied = [
+        ("system", system.is_some()),
+        ("chat_template", template.is_some()),
+    ];
+    let implied = implied
+        .iter()
+        .find(|(_, given)| *given)
+        .map(|(field, _)| *field);
+    let turns = match (messages, on, implied) {
+        (Some(messages), _, _) => messages,
+        (None, Some(false), Some(field)) => {
+            return Err(CmplError::invalid(
+                field,
+                format!("`{field}` applies to a chat, and `chat` is false: leave out one of them"),
+            ))
+        }
+        (None, Some(true), _) | (None, None, Some(_)) => vec![Message::new("user", prompt)],
+        (None, _, _) => return Ok(None),
+    };
+    let mut messages = Vec::with_capacity(turns.len() + 1);
+    if let Some(system) = system {
+        messages.push(Message::new("system", &system));
+    }
+    messages.extend(turns);
+    Ok(Some(Chat { messages, template }))
+}
+
+/// `messages`: a list of `{"role", "content"}` turns, the content a string
+/// or a list of text parts (`{"type": "text", "text": ...}`).
+fn messages(raw: &RawRequest) -> Result<Option<Vec<Message>>> {
+    let Some(v) = raw.get("messages") else {
+        return Ok(None);
+    };
+    let bad = |at: String, what: &str| {
+        Err(CmplError::invalid(
+            "messages",
+            format!("`messages{at}` {what}"),
+        ))
+    };
+    let Value::Array(items) = v else {
+        return bad(
+            String::new(),
+            &format!(
+                "must be a list of {{\"role\", \"content\"}} objects, not {}",
+                json_kind(v)
+            ),
+        );
+    };
+    if items.is_empty() {
+        return bad(String::new(), "is empty; give at least one message");
+    }
+    if items.len() > MAX_MESSAGES {
+        return bad(
+            String::new(),
+            &format!(
+                "has {} messages; at most {MAX_MESSAGES} are taken",
+                items.len()
+            ),
+        );
+    }
+    let mut out = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let Value::Object(m) = item else {
+            return bad(
+                format!("[{i}]"),
+                &format!(
+                    "must be an object like {{\"role\": \"user\", \"content\": \"Hello\"}}, not {}",
+                    json_kind(item)
+                ),
+            );
+        };
+        let role = match m.get("role") {
+            Some(Value::String(r)) if matches!(r.as_str(), "system" | "user" | "assistant") => r.clone(),
+            Some(Value::String(r)) if matches!(r.as_str(), "developer") => "system".to_string(),
+            Some(Value::String(r)) if matches!(r.as_str(), "tool" | "function") => {
+                return bad(format!("[{i}].role"), &format!("is {r:?}: tools and function calling are not supported; send system, user and assistant messages"))
+            }
+            Some(other) => return bad(format!("[{i}].role"), &format!("must be \"system\", \"user\" or \"assistant\", not {}", json_kind(other))),
+            None => return bad(format!("[{i}]"), "has no `role`"),
+        };
+        if let Some(key) = m
+            .keys()
+            .find(|k| !matches!(k.as_str(), "role" | "content" | "name"))
+        {
+            let what = if key == "tool_calls" || key == "function_call" {
+                "tool calls are not supported".to_string()
+            } else {
+                "is not taken; a message has `role` and `content`".to_string()
+            };
+            return bad(format!("[{i}].{key}"), &what);
+        }
+        let content = match m.get("content") {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(parts)) => {
+                let mut text = String::new();
+                for (j, part) in parts.iter().enumerate() {
+                    match (part.get("type").and_then(Value::as_str), part.get("text")) {
+                        (Some("text"), Some(Value::String(s))) => text.push_str(s),
+                        (Some(kind), _) if kind != "text" => {
+                            return bad(
+                                format!("[{i}].content[{j}]"),
+                                &format!("is a {kind:?} part; only text parts are taken"),
+                            )
+                        }
+                        _ => {
+                            return bad(
+                                format!("[{i}].content[{j}]"),
+                                "must be {\"type\": \"text\", \"text\": \"...\"}",
+                            )
+                        }
+                    }
+                }
+                text
+            }
+            Some(other) => {
+                return bad(
+                    format!("[{i}].content"),
+                    &format!(
+                        "must be a string or a list of text parts, not {}",
+                        json_kind(other)
+                    ),
+                )
+            }
+            None => return bad(format!("[{i}]"), "has no `content`"),
+        };
+        out.push(Message { role, content });
+    }
+    Ok(Some(out))
 }
 
 fn json_kind(v: &Value) -> String {

@@ -4,9 +4,9 @@
 mod common;
 use common::run::cmpl;
 use common::schema::assert_valid;
+use common::sdk::python_script;
 use common::served::Served;
 use serde_json::{json, Value};
-use std::path::PathBuf;
 
 const FRANCE: &str = "The capital of France is";
 
@@ -90,28 +90,6 @@ fn france_answers() -> (String, String) {
     ])
     .run();
     (six.ok().to_string(), stop.ok().to_string())
-}
-
-/// Runs the Python script `tests/NAME` (with scripts/test's venv) with
-/// `args`; it must print "ok".
-fn python_script(name: &str, args: &[&str]) {
-    let python =
-        std::env::var_os("CMPL_SDK_PYTHON").expect("CMPL_SDK_PYTHON (scripts/test sets it)");
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests")
-        .join(name);
-    let out = std::process::Command::new(python)
-        .arg(script)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
 }
 
 #[test]

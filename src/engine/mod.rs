@@ -655,10 +655,54 @@ impl Engine {
         tokens
     }
 
+    /// A chat request as the model reads it: its conversation rendered by
+    /// the model's chat template (or the one the request gives) into the
+    /// prompt, and the template's end of turn a stop, for a model that
+    /// writes it as text.
+    fn render(&self, mut request: Request) -> Result<Request> {
+        let Some(chat) = &request.chat else {
+            return Ok(request);
+        };
+        let source = match (&chat.template, self.info.get_str("tokenizer.chat_template")) {
+            (Some(given), _) => given.as_str(),
+            (None, Some(own)) => own,
+            (None, None) => {
+                return Err(CmplError::invalid(
+                    "chat_template",
+                    format!(
+                        "{} has no chat template (a base model, or no tokenizer.chat_template in its GGUF); give one with --chat-template FILE, or leave out --chat and write the prompt as the model expects it",
+                        self.model_ref.name
+                    ),
+                ))
+            }
+        };
+        let vocab = self.model.vocab();
+        let text = |token: LlamaToken| {
+            if token.0 < 0 {
+                return String::new();
+            }
+            String::from_utf8_lossy(&vocab.token_to_piece(token, true, None)).into_owned()
+        };
+        let (bos, eos) = (text(vocab.bos()), text(vocab.eos()));
+        let specials = crate::template::Specials {
+            bos: &bos,
+            eos: &eos,
+        };
+        let prompt = crate::template::render(source, &chat.messages, specials)?;
+        if let Some(end) = crate::template::end_of_turn(source, specials) {
+            if !request.stop.contains(&end) {
+                request.stop.push(end);
+            }
+        }
+        request.prompt = prompt;
+        Ok(request)
+    }
+
     /// Checks `request` against this model and sizes it to `cells` and the
     /// model's training context.
     fn prepare(&self, request: Request, cells: Cells, token_logprob: bool) -> Result<Job> {
         self.model_ref.check(request.model.as_deref())?;
+        let request = self.render(request)?;
         let n_vocab = self.model.n_vocab() as i64;
         if let Some(&(id, _)) = request
             .sampling

@@ -314,6 +314,13 @@ impl Backend for Remote {
         let live = opts.live || self.client.dialect.streams_always();
         let mut queue = VecDeque::new();
         for (job, request) in requests.into_iter().enumerate() {
+            let request = match render_chat(request) {
+                Ok(request) => request,
+                Err(error) => {
+                    sink(Event::Rejected { job, error })?;
+                    continue;
+                }
+            };
             match self
                 .client
                 .dialect
@@ -377,6 +384,31 @@ impl Backend for Remote {
     }
 }
 
+/// A chat request as a server's completions API takes it: rendered here,
+/// by the template the request gives (the server's model's own cannot be
+/// read from here), without BOS text (the server adds its model's BOS to
+/// any prompt), its end of turn a stop.
+fn render_chat(mut request: Request) -> Result<Request> {
+    let Some(chat) = &request.chat else {
+        return Ok(request);
+    };
+    let Some(source) = &chat.template else {
+        return Err(CmplError::invalid(
+            "chat_template",
+            "--chat with --base-url needs the template as a file: the server's model's own template cannot be read from here; give --chat-template FILE, or format the prompt yourself",
+        ));
+    };
+    let specials = crate::template::Specials::default();
+    let prompt = crate::template::render(source, &chat.messages, specials)?;
+    if let Some(end) = crate::template::end_of_turn(source, specials) {
+        if !request.stop.contains(&end) {
+            request.stop.push(end);
+        }
+    }
+    request.prompt = prompt;
+    Ok(request)
+}
+
 /// What a worker reports to the thread that prints: a job's event.
 type Msg = (usize, Owned);
 
@@ -384,6 +416,8 @@ type Msg = (usize, Owned);
 /// last token of each finished choice, held back until the usage is known.
 struct Accumulator {
     job: usize,
+    /// A chat's prompt as rendered here (what `echo` shows).
+    rendered: Option<String>,
     n: u32,
     want_tokens: bool,
     started: bool,
@@ -415,6 +449,7 @@ impl Accumulator {
         };
         Accumulator {
             job,
+            rendered: request.chat.is_some().then(|| request.prompt.clone()),
             n: request.n,
             want_tokens: request.logprobs.is_some(),
             started: false,
@@ -437,6 +472,7 @@ impl Accumulator {
                 Owned::Started {
                     prompt: None,
                     seeds,
+                    rendered: self.rendered.take(),
                 },
             ));
         }
@@ -596,6 +632,7 @@ impl Accumulator {
             Owned::Started {
                 prompt: None,
                 seeds: seeds.clone(),
+                rendered: None,
             },
         ));
         for (i, c) in answer.choices.iter().enumerate() {

@@ -7,7 +7,9 @@
 //! when its model file changes.
 
 mod body;
+mod chat;
 mod conns;
+mod guard;
 mod metrics;
 mod worker;
 
@@ -105,6 +107,8 @@ struct Shared {
     path: PathBuf,
     settings: String,
     keep_alive: Option<Duration>,
+    /// The safety models requests name.
+    guards: guard::Desk,
 }
 
 /// Serves `engine` (the model named `model`) until SIGINT or SIGTERM, then
@@ -145,6 +149,7 @@ pub fn run(
         path: engine.model_file().to_path_buf(),
         settings: settings(runtime, opts),
         keep_alive: opts.keep_alive,
+        guards: guard::Desk::start(runtime),
     });
     // The decode loop's thread: `ready` once its context exists, `ended`
     // when it returns (a failure ends the server: never a live-looking
@@ -513,7 +518,11 @@ async fn handle(req: hyper::Request<Incoming>, shared: Arc<Shared>) -> Response 
 }
 
 fn is_completions(path: &str) -> bool {
-    matches!(path, "/v1/completions" | "/completions" | wire::RUN)
+    matches!(path, "/v1/completions" | "/completions" | wire::RUN) || is_chat(path)
+}
+
+fn is_chat(path: &str) -> bool {
+    matches!(path, chat::PATH | "/chat/completions")
 }
 
 async fn route(req: hyper::Request<Incoming>, shared: &Shared) -> Response {
@@ -527,7 +536,7 @@ async fn route(req: hyper::Request<Incoming>, shared: &Shared) -> Response {
             StatusCode::NOT_FOUND,
             &CmplError::invalid(
                 "path",
-                format!("no route {path}; the API is POST /v1/completions and GET /v1/models"),
+                format!("no route {path}; the API is POST /v1/completions, POST /v1/chat/completions and GET /v1/models"),
             ),
         );
     }
@@ -652,6 +661,7 @@ async fn run_for_caller(req: hyper::Request<Incoming>, shared: &Shared) -> Respo
         request: ask.request,
         model: shared.model.clone(),
         path: wire::RUN.to_string(),
+        chat: None,
         tx,
         _slot: places.remove(0),
         caller: Some(caller),
@@ -688,11 +698,23 @@ async fn complete(req: hyper::Request<Incoming>, shared: &Shared) -> Response {
         Ok(body) => body,
         Err((status, e)) => return error(status, &e),
     };
-    let requests = match parse(&body.bytes, shared) {
+    let parsed = if is_chat(&path) {
+        parse_chat(&body.bytes, shared).map(|(r, usage)| (vec![r], Some(usage)))
+    } else {
+        parse(&body.bytes, shared).map(|r| (r, None))
+    };
+    let (requests, chat) = match parsed {
         Ok(r) => r,
         Err((status, e)) => return error(status, &e),
     };
     drop(body);
+    // A safety model judges each prompt before it is queued.
+    for request in requests.iter().filter(|r| r.safety_model.is_some()) {
+        if let Err(e) = shared.guards.check(request, None).await {
+            return error(status_of(&e), &e);
+        }
+    }
+    let guarded = requests.iter().find(|r| r.safety_model.is_some()).cloned();
     // One prompt: its answer as it comes. Several: one request each, their
     // choices in prompt order in one response (as OpenAI's API answers).
     // Their queue places are taken together: all of them, or none.
@@ -702,14 +724,17 @@ async fn complete(req: hyper::Request<Incoming>, shared: &Shared) -> Response {
     };
     let mut answers = Vec::with_capacity(requests.len());
     for (request, place) in requests.into_iter().zip(places) {
-        match submit(request, place, &path, shared) {
+        match submit(request, place, &path, chat, shared) {
             Ok(answer) => answers.push(answer),
             Err((status, e)) => return error(status, &e),
         }
     }
     if answers.len() == 1 {
         let (stream, rx) = answers.pop().expect("one answer");
-        return respond(stream, rx).await;
+        return match guarded {
+            Some(request) => respond_judged(stream, rx, &request, shared).await,
+            None => respond(stream, rx).await,
+        };
     }
     let mut merged: Option<serde_json::Value> = None;
     for (i, (_, mut rx)) in answers.into_iter().enumerate() {
@@ -717,6 +742,12 @@ async fn complete(req: hyper::Request<Incoming>, shared: &Shared) -> Response {
             Ok(bytes) => bytes,
             Err((status, e)) => return error(status, &e),
         };
+        if let Some(request) = &guarded {
+            let texts = guard::answers(&whole, false);
+            if let Err(e) = shared.guards.check(request, Some(texts)).await {
+                return error(status_of(&e), &e);
+            }
+        }
         let Ok(one) = serde_json::from_slice::<serde_json::Value>(&whole) else {
             return error(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -802,6 +833,7 @@ fn submit(
     request: Request,
     slot: InFlight,
     path: &str,
+    chat: Option<bool>,
     shared: &Shared,
 ) -> std::result::Result<(bool, tokio::sync::mpsc::UnboundedReceiver<Out>), Refusal> {
     let name = request
@@ -817,6 +849,7 @@ fn submit(
         },
         model: name,
         path: path.to_string(),
+        chat,
         tx,
         _slot: slot,
         caller: None,
@@ -856,6 +889,36 @@ async fn respond(stream: bool, mut rx: tokio::sync::mpsc::UnboundedReceiver<Out>
                 .unwrap_or_else(|_| hyper::Response::new(Full::new(Bytes::new()).boxed()))
         }
     }
+}
+
+/// An answer a safety model must find safe: held whole (a stream too), then
+/// sent as it would have been, or refused.
+async fn respond_judged(
+    stream: bool,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<Out>,
+    request: &Request,
+    shared: &Shared,
+) -> Response {
+    let bytes = match whole(&mut rx).await {
+        Ok(bytes) => bytes,
+        Err((status, e)) => return error(status, &e),
+    };
+    if let Err(e) = shared
+        .guards
+        .check(request, Some(guard::answers(&bytes, stream)))
+        .await
+    {
+        return error(status_of(&e), &e);
+    }
+    if !stream {
+        return json(StatusCode::OK, String::from_utf8_lossy(&bytes).into_owned());
+    }
+    hyper::Response::builder()
+        .status(StatusCode::OK)
+        .header(hyper::header::CONTENT_TYPE, "text/event-stream")
+        .header(hyper::header::CACHE_CONTROL, "no-cache")
+        .body(Full::new(Bytes::from(bytes)).boxed())
+        .unwrap_or_else(|_| hyper::Response::new(Full::new(Bytes::new()).boxed()))
 }
 
 /// The first message says how the answer starts: an error, or bytes.
@@ -974,6 +1037,20 @@ fn parse(body: &[u8], shared: &Shared) -> std::result::Result<Vec<Request>, Refu
     Ok(requests)
 }
 
+/// A chat body as one validated request over the config's defaults, and
+/// whether its stream ends with a usage chunk.
+fn parse_chat(body: &[u8], shared: &Shared) -> std::result::Result<(Request, bool), Refusal> {
+    let bad = |e: CmplError| (StatusCode::BAD_REQUEST, e);
+    let text = std::str::from_utf8(body).map_err(|_| {
+        bad(CmplError::invalid(
+            "request",
+            "the request body is not UTF-8",
+        ))
+    })?;
+    let (raw, usage) = chat::request(text).map_err(bad)?;
+    Ok((one(&shared.defaults.clone().overlay(raw), shared)?, usage))
+}
+
 fn one(raw: &RawRequest, shared: &Shared) -> std::result::Result<Request, Refusal> {
     let bad = |e: CmplError| (StatusCode::BAD_REQUEST, e);
     let request = Request::validate(raw).map_err(bad)?;
@@ -1003,7 +1080,9 @@ fn one(raw: &RawRequest, shared: &Shared) -> std::result::Result<Request, Refusa
 /// The HTTP status the API uses for an error of this kind.
 pub fn status_of(e: &CmplError) -> StatusCode {
     match e.kind {
-        ErrorKind::InvalidRequest | ErrorKind::ContextLength => StatusCode::BAD_REQUEST,
+        ErrorKind::InvalidRequest | ErrorKind::ContextLength | ErrorKind::Flagged => {
+            StatusCode::BAD_REQUEST
+        }
         ErrorKind::Auth => StatusCode::UNAUTHORIZED,
         ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::INTERNAL_SERVER_ERROR,

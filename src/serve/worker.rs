@@ -5,6 +5,7 @@
 //! there). A request whose client has gone is cancelled, and its slots freed.
 
 use super::body::Out;
+use super::chat::ChatWriter;
 use super::metrics::{Finished, Metrics};
 use super::InFlight;
 use crate::api::ResponseHeader;
@@ -28,6 +29,9 @@ pub struct Submission {
     /// The name its response carries (the one it asked for, or the served one).
     pub model: String,
     pub path: String,
+    /// A chat endpoint's request, written in its shapes; whether its
+    /// stream ends with a usage chunk.
+    pub chat: Option<bool>,
     pub tx: UnboundedSender<Out>,
     pub _slot: InFlight,
     /// A cmpl caller's run (a resident's): its events as they are, its
@@ -61,6 +65,8 @@ struct Client {
 enum Face {
     /// As the API's JSON or SSE, by the command line's printer.
     Printer(Printer<Channel>),
+    /// As the chat endpoint's objects and chunks.
+    Chat(ChatWriter<Channel>),
     /// As events, for a cmpl caller's printer.
     Events(Channel),
 }
@@ -69,6 +75,7 @@ impl Face {
     fn event(&mut self, event: Event) -> Result<()> {
         match self {
             Face::Printer(p) => p.event(event),
+            Face::Chat(c) => c.event(event),
             Face::Events(channel) => {
                 let line = crate::resident::wire::line(&(&event).into());
                 channel.write_all(line.as_bytes())?;
@@ -80,6 +87,7 @@ impl Face {
     fn finish(&mut self) -> Result<()> {
         match self {
             Face::Printer(p) => p.finish(),
+            Face::Chat(c) => c.finish(),
             Face::Events(_) => Ok(()),
         }
     }
@@ -157,9 +165,16 @@ pub fn run(
             tx: submission.tx.clone(),
             buf: Vec::new(),
         };
-        let face = match submission.caller {
-            Some(_) => Face::Events(channel),
-            None => Face::Printer(Printer::new(
+        let face = match (submission.caller, submission.chat) {
+            (Some(_), _) => Face::Events(channel),
+            (None, Some(include_usage)) => Face::Chat(ChatWriter::new(
+                channel,
+                index,
+                &submission.model,
+                &submission.request,
+                include_usage,
+            )),
+            (None, None) => Face::Printer(Printer::new(
                 channel,
                 index,
                 if stream { Format::Sse } else { Format::Json },

@@ -50,3 +50,28 @@ pub fn assert_sdk_parses(lines: &str) {
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
 }
+
+/// Runs the Python script `tests/NAME` (with scripts/test's venv) with
+/// `args`; it must print "ok".
+pub fn python_script(name: &str, args: &[&str]) {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(name);
+    let out = Command::new(sdk_python())
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
+}
+
+/// The venv's Python, for scripts a test runs itself.
+pub fn sdk_python_path() -> PathBuf {
+    sdk_python()
+}

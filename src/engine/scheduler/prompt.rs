@@ -446,6 +446,11 @@ impl Run<'_> {
                 .iter()
                 .map(|&s| Some(u64::from(s)))
                 .collect::<Vec<_>>(),
+            rendered: job
+                .request
+                .chat
+                .is_some()
+                .then_some(job.request.prompt.as_str()),
         });
         self.states.insert(
             index,

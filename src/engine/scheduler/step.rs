@@ -259,6 +259,12 @@ impl Run<'_> {
         let logprobs = request.logprobs;
         let want_logprob = logprobs.is_some() || state.job.token_logprob;
         let budget = state.job.budget;
+        // A chat's end-of-generation token is its turn's end: a stop.
+        let end = if request.chat.is_some() {
+            Finish::Stop
+        } else {
+            Finish::Eos
+        };
         let token = match c.sampler.sample(ctx, idx) {
             Ok(token) => token,
             Err(error) => {
@@ -284,7 +290,7 @@ impl Run<'_> {
         c.generated += 1;
         let vocab = self.engine.model.vocab();
         let (text, finish) = if vocab.is_eog(token) {
-            (c.matcher.finish(), Some(Finish::Eos))
+            (c.matcher.finish(), Some(end))
         } else {
             let bytes = vocab.token_to_piece(token, false, None);
             let released = c.matcher.push(&bytes);

@@ -1,0 +1,221 @@
+//! `safety_model`: a guard model (Llama Guard, ShieldGemma and the like)
+//! asked, through its own chat template, whether the conversation is safe:
+//! once with the prompt, and again with each answer as the assistant's
+//! turn. A flagged prompt is never answered and a flagged answer never
+//! shown: either is an error of its own kind (`content_filter`, exit 3)
+//! that names the categories the guard gave.
+
+use crate::backend::{Backend, Event, JobResult, RunOptions};
+use crate::error::{CmplError, ErrorKind, Result};
+use crate::options::Runtime;
+use crate::request::{RawRequest, Request};
+use crate::signal::INTERRUPTED;
+use crate::template::Message;
+use serde_json::json;
+use std::time::Instant;
+
+/// Tokens a verdict may take: `unsafe` and a list of categories.
+const VERDICT_TOKENS: u32 = 24;
+
+/// A guard's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Safe,
+    /// Unsafe, with the categories it named (`S1`, `S10`), if any.
+    Unsafe(Vec<String>),
+}
+
+/// The guard model, loaded (or resident) beside the one that answers.
+pub struct Guard {
+    backend: &'static dyn Backend,
+    name: String,
+    verbose: bool,
+}
+
+impl Guard {
+    /// Opens the model `named` (any model reference) as a guard, with the
+    /// run's settings, always on this machine (also beside --base-url).
+    pub fn open(named: &str, runtime: &Runtime) -> Result<Guard> {
+        let local = Runtime {
+            remote: None,
+            ..runtime.clone()
+        };
+        let (backend, name) = crate::open::backend(Some(named), None, &local).map_err(|e| {
+            CmplError {
+                message: format!("safety model: {}", e.message),
+                ..e
+            }
+            .with_param("safety_model")
+        })?;
+        Ok(Guard {
+            backend,
+            name,
+            verbose: runtime.verbose,
+        })
+    }
+
+    /// Refuses `request` when the guard flags its prompt.
+    pub fn check_prompt(&self, request: &Request) -> Result<()> {
+        match self.ask(conversation(request), "prompt")? {
+            Verdict::Safe => Ok(()),
+            Verdict::Unsafe(categories) => Err(self
+                .flagged("the prompt", &categories, "it was not answered")
+                .with_param("prompt")),
+        }
+    }
+
+    /// Refuses `result` when the guard flags one of its answers.
+    pub fn check_answers(&self, request: &Request, result: &JobResult) -> Result<()> {
+        let texts = result.choices.iter().map(|c| (c.index, c.text.as_str()));
+        self.check_each(request, texts)
+    }
+
+    /// Refuses answers (text by choice) when the guard flags one.
+    pub fn check_texts(
+        &self,
+        request: &Request,
+        answers: &std::collections::BTreeMap<u32, String>,
+    ) -> Result<()> {
+        self.check_each(request, answers.iter().map(|(i, t)| (*i, t.as_str())))
+    }
+
+    fn check_each<'a>(
+        &self,
+        request: &Request,
+        answers: impl Iterator<Item = (u32, &'a str)>,
+    ) -> Result<()> {
+        for (index, text) in answers {
+            let mut turns = conversation(request);
+            turns.push(Message::new("assistant", text));
+            if let Verdict::Unsafe(categories) = self.ask(turns, "answer")? {
+                let what = format!("the answer (choice {index})");
+                return Err(self
+                    .flagged(&what, &categories, "it is withheld")
+                    .with_param("choices"));
+            }
+        }
+        Ok(())
+    }
+
+    fn flagged(&self, what: &str, categories: &[String], outcome: &str) -> CmplError {
+        let named = if categories.is_empty() {
+            "no category named".to_string()
+        } else {
+            categories.join(", ")
+        };
+        CmplError::new(
+            ErrorKind::Flagged,
+            format!(
+                "the safety model {} flags {what} as unsafe ({named}); {outcome}",
+                self.name
+            ),
+        )
+    }
+
+    /// The guard's verdict on `turns`, greedy, through its chat template.
+    fn ask(&self, turns: Vec<Message>, what: &str) -> Result<Verdict> {
+        let started = Instant::now();
+        let mut raw = RawRequest::default();
+        raw.set("messages", json!(turns));
+        raw.set("temperature", json!(0));
+        raw.set("max_tokens", json!(VERDICT_TOKENS));
+        raw.set("seed", json!(0));
+        let request = Request::validate(&raw)?;
+        let opts = RunOptions::default();
+        let mut answer = None;
+        let mut refused = None;
+        self.backend
+            .run(vec![request], &opts, &INTERRUPTED, &mut |event| {
+                match event {
+                    Event::Done { result, .. } => {
+                        answer = result.choices.into_iter().next().map(|c| c.text)
+                    }
+                    Event::Rejected { error, .. } => refused = Some(error),
+                    _ => {}
+                }
+                Ok(())
+            })?;
+        if let Some(e) = refused {
+            return Err(CmplError {
+                message: format!("safety model {}: {}", self.name, e.message),
+                param: Some("safety_model".into()),
+                ..e
+            });
+        }
+        let answer = answer.unwrap_or_default();
+        let verdict = verdict(&answer).ok_or_else(|| {
+            CmplError::new(
+                ErrorKind::Model,
+                format!(
+                    "the safety model {} answered {answer:?}, which is neither safe nor unsafe; use a guard model (Llama Guard, ShieldGemma) whose template asks for a verdict",
+                    self.name
+                ),
+            )
+            .with_param("safety_model")
+        })?;
+        if self.verbose {
+            let said = match &verdict {
+                Verdict::Safe => "safe".to_string(),
+                Verdict::Unsafe(c) => format!("unsafe {}", c.join(",")),
+            };
+            eprintln!(
+                "cmpl: safety: {what} {said} in {:.3} s",
+                started.elapsed().as_secs_f64()
+            );
+        }
+        Ok(verdict)
+    }
+}
+
+/// What the guard judges: the request's conversation, or its prompt as
+/// the user's turn.
+fn conversation(request: &Request) -> Vec<Message> {
+    match &request.chat {
+        Some(chat) => chat.messages.clone(),
+        None => vec![Message::new("user", &request.prompt)],
+    }
+}
+
+/// A guard's answer, read loosely: `safe`, or `unsafe` and then categories
+/// (`S1,S10`, `S1, S2`, on the next line, an end-of-turn text after them);
+/// ShieldGemma's `No` (safe) and `Yes` (a violation). `None` for anything else.
+pub fn verdict(text: &str) -> Option<Verdict> {
+    let mut words = text
+        .split(|c: char| c.is_whitespace() || matches!(c, ',' | ':' | ';' | '.' | '<'))
+        .filter(|w| !w.is_empty());
+    match words.next()?.to_ascii_lowercase().as_str() {
+        "safe" | "no" => Some(Verdict::Safe),
+        "unsafe" | "yes" => Some(Verdict::Unsafe(
+            words
+                .filter(|w| {
+                    let mut chars = w.chars();
+                    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+                        && w.len() <= 4
+                        && w.len() > 1
+                        && chars.all(|c| c.is_ascii_digit())
+                })
+                .map(str::to_string)
+                .collect(),
+        )),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verdicts_are_read_loosely() {
+        let unsafe_ = |c: &[&str]| Some(Verdict::Unsafe(c.iter().map(|s| s.to_string()).collect()));
+        assert_eq!(verdict("safe"), Some(Verdict::Safe));
+        assert_eq!(verdict("\n\nsafe<|eot_id|>"), Some(Verdict::Safe));
+        assert_eq!(verdict("unsafe\nS1,S10"), unsafe_(&["S1", "S10"]));
+        assert_eq!(verdict("unsafe\nS1, S2<|eot_id|>"), unsafe_(&["S1", "S2"]));
+        assert_eq!(verdict("Unsafe"), unsafe_(&[]));
+        assert_eq!(verdict("Yes"), unsafe_(&[]));
+        assert_eq!(verdict("No."), Some(Verdict::Safe));
+        assert_eq!(verdict("I think it is fine"), None);
+        assert_eq!(verdict(""), None);
+    }
+}

@@ -1,0 +1,327 @@
+//! Chat templates: a conversation rendered into one prompt by a Jinja
+//! template (a model's `tokenizer.chat_template`, or `--chat-template`), as
+//! Hugging Face's `apply_chat_template` renders it: trimmed blocks, Python's
+//! string methods, `raise_exception`, `strftime_now`, and `tojson` as
+//! Python's `json.dumps` writes it.
+
+use crate::error::{CmplError, Result};
+use minijinja::{Environment, ErrorKind, Value};
+use serde::{Deserialize, Serialize};
+
+/// One turn of a conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    pub content: String,
+}
+
+impl Message {
+    pub fn new(role: &str, content: &str) -> Message {
+        Message {
+            role: role.to_string(),
+            content: content.to_string(),
+        }
+    }
+}
+
+/// The text of the special tokens a template may write.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Specials<'a> {
+    pub bos: &'a str,
+    pub eos: &'a str,
+}
+
+/// Template instructions a render may run: far above what a real template
+/// spends on a long conversation (hundreds per message), and a bound on
+/// what a template given in a request can make the server do.
+const FUEL: u64 = 5_000_000;
+
+/// Renders `messages` with `source` and the generation prompt (the
+/// assistant's turn opened), as the model expects its input. An error names
+/// `chat_template` for a broken template, `messages` for a conversation the
+/// template refuses (its own `raise_exception` message).
+pub fn render(source: &str, messages: &[Message], specials: Specials) -> Result<String> {
+    render_with(source, messages, specials, true)
+}
+
+/// The text a template closes an assistant's turn with (`<|im_end|>`,
+/// `<|eot_id|>`, `<end_of_turn>`, `</s>`): where an answer ends when the
+/// model writes it as text rather than as its end-of-generation token.
+pub fn end_of_turn(source: &str, specials: Specials) -> Option<String> {
+    const MARK: &str = "\u{e000}cmpl-answer\u{e000}";
+    let turns = [Message::new("user", "Hi"), Message::new("assistant", MARK)];
+    let text = render_with(source, &turns, specials, false).ok()?;
+    let (_, after) = text.split_once(MARK)?;
+    let end = after.split_whitespace().next()?;
+    (!end.contains('\u{e000}')).then(|| end.to_string())
+}
+
+fn render_with(
+    source: &str,
+    messages: &[Message],
+    specials: Specials,
+    generation_prompt: bool,
+) -> Result<String> {
+    let mut env = Environment::new();
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    env.set_fuel(Some(FUEL));
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function("raise_exception", raise_exception);
+    env.add_function("strftime_now", strftime_now);
+    env.add_filter("tojson", tojson);
+    env.add_template("chat_template", source).map_err(|e| {
+        CmplError::invalid(
+            "chat_template",
+            format!("the chat template is not valid Jinja: {}", describe(&e)),
+        )
+    })?;
+    let template = env
+        .get_template("chat_template")
+        .map_err(|e| CmplError::invalid("chat_template", format!("the chat template: {e}")))?;
+    let ctx = minijinja::context! {
+        messages => messages,
+        add_generation_prompt => generation_prompt,
+        bos_token => specials.bos,
+        eos_token => specials.eos,
+    };
+    template.render(ctx).map_err(|e| match e.kind() {
+        ErrorKind::InvalidOperation if e.detail().is_some_and(|d| d.starts_with(RAISED)) => {
+            let said = e.detail().unwrap_or_default().trim_start_matches(RAISED);
+            CmplError::invalid(
+                "messages",
+                format!("the chat template refuses this conversation: {said}"),
+            )
+        }
+        ErrorKind::OutOfFuel => CmplError::invalid(
+            "chat_template",
+            "the chat template runs too long (over 5 million steps); simplify it",
+        ),
+        _ => CmplError::invalid(
+            "chat_template",
+            format!("the chat template failed: {}", describe(&e)),
+        ),
+    })
+}
+
+/// Marks an error a template raised itself.
+const RAISED: &str = "raised: ";
+
+fn raise_exception(message: String) -> std::result::Result<Value, minijinja::Error> {
+    Err(minijinja::Error::new(
+        ErrorKind::InvalidOperation,
+        format!("{RAISED}{message}"),
+    ))
+}
+
+/// The error and the line it is on (minijinja's own text names the template).
+fn describe(e: &minijinja::Error) -> String {
+    match (e.detail(), e.line()) {
+        (Some(detail), Some(line)) => format!("{detail} (line {line})"),
+        (Some(detail), None) => detail.to_string(),
+        (None, Some(line)) => format!("{} (line {line})", e.kind()),
+        (None, None) => e.kind().to_string(),
+    }
+}
+
+/// Today's date (UTC) in a `strftime` format: the codes date lines in
+/// templates use (Llama 3.1 writes `%d %b %Y`).
+fn strftime_now(format: String) -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    strftime(&format, secs)
+}
+
+fn strftime(format: &str, secs: u64) -> String {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] = [
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+    ];
+    let days = (secs / 86400) as i64;
+    let (year, month, day) = civil_from_days(days);
+    let (h, m, s) = (secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    let month_name = MONTHS[(month - 1) as usize];
+    let day_name = DAYS[days.rem_euclid(7) as usize];
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('d') => out += &format!("{day:02}"),
+            Some('m') => out += &format!("{month:02}"),
+            Some('Y') => out += &year.to_string(),
+            Some('y') => out += &format!("{:02}", year % 100),
+            Some('B') => out += month_name,
+            Some('b') => out += &month_name[..3],
+            Some('A') => out += day_name,
+            Some('a') => out += &day_name[..3],
+            Some('H') => out += &format!("{h:02}"),
+            Some('M') => out += &format!("{m:02}"),
+            Some('S') => out += &format!("{s:02}"),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+/// Year, month (1..12) and day of the days since 1970-01-01 (Howard
+/// Hinnant's `civil_from_days`).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+/// `tojson` as `transformers` defines it: `json.dumps(x, ensure_ascii=False,
+/// indent=indent)`, whose separators are `", "` and `": "` unindented.
+fn tojson(value: Value, indent: Option<usize>) -> std::result::Result<Value, minijinja::Error> {
+    let json = serde_json::to_value(&value)
+        .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    let mut out = String::new();
+    python_json(&json, indent, 0, &mut out);
+    Ok(Value::from_safe_string(out))
+}
+
+fn python_json(v: &serde_json::Value, indent: Option<usize>, depth: usize, out: &mut String) {
+    use serde_json::Value as J;
+    let newline = |out: &mut String, depth: usize| {
+        if let Some(width) = indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(width * depth));
+        }
+    };
+    let (item_sep, key_sep) = if indent.is_some() {
+        (",", ": ")
+    } else {
+        (", ", ": ")
+    };
+    match v {
+        J::Array(items) if !items.is_empty() => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, depth + 1);
+                python_json(item, indent, depth + 1, out);
+            }
+            newline(out, depth);
+            out.push(']');
+        }
+        J::Object(map) if !map.is_empty() => {
+            out.push('{');
+            for (i, (key, item)) in map.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, depth + 1);
+                out.push_str(&serde_json::Value::String(key.clone()).to_string());
+                out.push_str(key_sep);
+                python_json(item, indent, depth + 1, out);
+            }
+            newline(out, depth);
+            out.push('}');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    #[test]
+    fn chatml_renders_with_the_generation_prompt_and_ends_its_turn() {
+        let text = render(CHATML, &[Message::new("user", "Hi")], Specials::default()).unwrap();
+        assert_eq!(
+            text,
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
+        assert_eq!(
+            end_of_turn(CHATML, Specials::default()).as_deref(),
+            Some("<|im_end|>")
+        );
+    }
+
+    #[test]
+    fn templates_raise_and_fail_by_name() {
+        let strict = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('Conversation roles must alternate') }}{% endif %}ok";
+        let err = render(strict, &[Message::new("system", "x")], Specials::default()).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("messages"));
+        assert!(
+            err.message.contains("Conversation roles must alternate"),
+            "{err}"
+        );
+        let err = render("{% for %}", &[], Specials::default()).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("chat_template"));
+        let endless =
+            "{% for i in range(10000) %}{% for j in range(10000) %}{{ j }}{% endfor %}{% endfor %}";
+        let err = render(endless, &[], Specials::default()).unwrap_err();
+        assert!(err.message.contains("too long"), "{err}");
+    }
+
+    #[test]
+    fn python_methods_and_specials_work() {
+        let t = "{{ bos_token }}{{ messages[0]['content'].strip().upper() }}{{ eos_token }}";
+        let specials = Specials {
+            bos: "<s>",
+            eos: "</s>",
+        };
+        let text = render(t, &[Message::new("user", "  hi ")], specials).unwrap();
+        assert_eq!(text, "<s>HI</s>");
+    }
+
+    #[test]
+    fn dates_and_json_are_pythons() {
+        // 2024-07-23 12:34:56 UTC, a Tuesday.
+        assert_eq!(
+            strftime("%d %b %Y, %A %H:%M:%S %%", 1_721_738_096),
+            "23 Jul 2024, Tuesday 12:34:56 %"
+        );
+        let text = render(
+            "{{ {'a': [1, 'é'], 'b': {}} | tojson }}",
+            &[],
+            Specials::default(),
+        )
+        .unwrap();
+        assert_eq!(text, "{\"a\": [1, \"é\"], \"b\": {}}");
+    }
+}

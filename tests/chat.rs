@@ -1,0 +1,347 @@
+//! Instruct models in one line: `--chat` renders the prompt through the
+//! model's chat template exactly as Hugging Face's Jinja does (checked
+//! against Python's jinja2 with transformers' settings), on every face.
+
+mod common;
+use common::run::{cmpl, second_model_path};
+use common::schema::assert_valid;
+use common::served::Served;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+
+const QUESTION: &str = "Name the capital city of France.";
+
+fn smol() -> String {
+    second_model_path().display().to_string()
+}
+
+fn template(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/templates")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// What `transformers` renders for `messages` with `template` (a file, or
+/// the model's own for `None`), by tests/chat_reference.py.
+fn reference(model: &str, template: Option<&str>, messages: &Value) -> String {
+    let python = common::sdk::sdk_python_path();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/chat_reference.py");
+    let out = std::process::Command::new(python)
+        .arg(script)
+        .args([model, template.unwrap_or("-"), &messages.to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The prompt as cmpl rendered it (`--echo`), and the response.
+fn echoed(args: &[&str], stdin: Option<&str>) -> (String, Value) {
+    let mut all = vec![
+        "--echo",
+        "--max-tokens",
+        "1",
+        "--temperature",
+        "0",
+        "--json",
+    ];
+    all.extend_from_slice(args);
+    let mut run = cmpl(&all);
+    if let Some(text) = stdin {
+        run = run.stdin(text);
+    }
+    let v = run.run().json();
+    assert_valid("CompletionResponse", &v);
+    (v["prompt"][0]["text"].as_str().unwrap().to_string(), v)
+}
+
+#[test]
+fn the_models_own_template_renders_as_jinja_renders_it() {
+    let model = smol();
+    let cases: [(&[&str], Option<&str>, Value); 3] = [
+        (
+            &[QUESTION],
+            None,
+            json!([{"role": "user", "content": QUESTION}]),
+        ),
+        (
+            &["--system", "You answer in one word.", QUESTION],
+            None,
+            json!([{"role": "system", "content": "You answer in one word."}, {"role": "user", "content": QUESTION}]),
+        ),
+        // Piped text and PROMPT make one user message, as without --chat.
+        (
+            &["Summarize the notes above."],
+            Some("Notes: the meeting moved to Tuesday.\n"),
+            json!([{"role": "user", "content": "Notes: the meeting moved to Tuesday.\n\nSummarize the notes above."}]),
+        ),
+    ];
+    for (args, stdin, messages) in cases {
+        let mut with_model = vec!["-m", &model, "--chat"];
+        with_model.extend_from_slice(args);
+        let (prompt, _) = echoed(&with_model, stdin);
+        // The user's text is exactly the prompt cmpl takes without --chat.
+        let mut plain = vec!["-m", &model];
+        plain.extend(
+            args.iter()
+                .filter(|a| !a.starts_with("--system") && **a != "You answer in one word."),
+        );
+        let (raw, _) = echoed(&plain, stdin);
+        assert_eq!(messages.as_array().unwrap().last().unwrap()["content"], raw);
+        assert_eq!(prompt, reference(&model, None, &messages), "{args:?}");
+        assert!(prompt.ends_with("<|im_start|>assistant\n"), "{prompt:?}");
+    }
+}
+
+#[test]
+fn other_families_templates_render_as_jinja_renders_them() {
+    // Llama 3 headers, Mistral's [INST], Gemma's turns: given with
+    // --chat-template on the test model (a base model: its BOS is <bos>).
+    let model = common::run::model_path().display().to_string();
+    for name in [
+        "llama3.jinja",
+        "mistral.jinja",
+        "gemma.jinja",
+        "chatml.jinja",
+    ] {
+        let file = template(name);
+        let (prompt, _) = echoed(&["--chat-template", &file, QUESTION], None);
+        let messages = json!([{"role": "user", "content": QUESTION}]);
+        assert_eq!(prompt, reference(&model, Some(&file), &messages), "{name}");
+        if name == "mistral.jinja" {
+            continue;
+        }
+        let (prompt, _) = echoed(
+            &["--chat-template", &file, "--system", "Be brief.", QUESTION],
+            None,
+        );
+        let messages = json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": QUESTION}]);
+        assert_eq!(prompt, reference(&model, Some(&file), &messages), "{name}");
+    }
+    // One BOS: the template writes it, and the tokenizer adds none again.
+    let (_, v) = echoed(
+        &[
+            "--chat-template",
+            &template("gemma.jinja"),
+            "--logprobs",
+            "0",
+            QUESTION,
+        ],
+        None,
+    );
+    let tokens = v["prompt"][0]["logprobs"]["tokens"].as_array().unwrap();
+    assert_eq!(tokens[0], "<bos>");
+    assert_ne!(tokens[1], "<bos>");
+    // A template's own refusal is the request's error, in its words.
+    cmpl(&[
+        "--chat-template",
+        &template("mistral.jinja"),
+        "--system",
+        "x",
+        QUESTION,
+    ])
+    .run()
+    .fails(2, "Conversation roles must alternate");
+}
+
+#[test]
+fn a_question_is_answered_and_ends_at_its_turn() {
+    let model = smol();
+    let out = cmpl(&[
+        "-m",
+        &model,
+        "--chat",
+        QUESTION,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "64",
+        "--json",
+    ])
+    .run();
+    let v = out.json();
+    assert_valid("CompletionResponse", &v);
+    let text = v["choices"][0]["text"].as_str().unwrap();
+    assert!(text.contains("Paris"), "{text:?}");
+    assert!(
+        !text.contains("<|im_end|>") && !text.contains("<|im_start|>"),
+        "{text:?}"
+    );
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    // Text mode prints the same answer.
+    let plain = cmpl(&[
+        "-m",
+        &model,
+        "--chat",
+        QUESTION,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "64",
+    ])
+    .run();
+    assert_eq!(plain.ok(), format!("{text}"));
+    // A model writing the end of turn as text stops there too (ChatML on
+    // the test model, where <|im_end|> is no token of its own).
+    let v = cmpl(&[
+        "--chat-template",
+        &template("chatml.jinja"),
+        QUESTION,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "200",
+        "--json",
+    ])
+    .run()
+    .json();
+    assert!(
+        !v["choices"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("<|im_end|>"),
+        "{v}"
+    );
+}
+
+#[test]
+fn a_model_without_a_template_names_the_fix() {
+    let out = cmpl(&["--chat", QUESTION]).run();
+    out.fails(2, "--chat-template");
+    let v = cmpl(&["--chat", QUESTION, "--json"]).run();
+    assert_eq!(v.code, 2);
+    assert_eq!(v.json()["error"]["param"], "chat_template", "{}", v.stdout);
+    cmpl(&["--chat-template", "/nonexistent/t.jinja", QUESTION])
+        .run()
+        .fails(2, "/nonexistent/t.jinja");
+    let broken = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(broken.path(), "{% for %}").unwrap();
+    cmpl(&[
+        "--chat-template",
+        &broken.path().display().to_string(),
+        QUESTION,
+    ])
+    .run()
+    .fails(2, "not valid Jinja");
+    cmpl(&["--chat=false", "--system", "x", QUESTION])
+        .run()
+        .fails(2, "`system` applies to a chat");
+}
+
+#[test]
+fn every_face_chooses_chat_the_same_way() {
+    let model = smol();
+    let args = [
+        "-m",
+        model.as_str(),
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "12",
+        "--json",
+    ];
+    let text = |v: &Value| v["choices"][0]["text"].as_str().unwrap().to_string();
+    let flag = text(&cmpl(&args).args(["--chat", QUESTION]).run().json());
+    let raw = text(&cmpl(&args).args([QUESTION]).run().json());
+    assert_ne!(flag, raw);
+    // A JSON request's "chat" (and "system"), the environment, the config.
+    let piped = cmpl(&args)
+        .stdin(json!({"prompt": QUESTION, "chat": true}).to_string())
+        .run()
+        .json();
+    assert_eq!(text(&piped), flag);
+    let env = cmpl(&args)
+        .args([QUESTION])
+        .env("CMPL_CHAT", "1")
+        .run()
+        .json();
+    assert_eq!(text(&env), flag);
+    let config = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(config.path(), r#"{"chat": true}"#).unwrap();
+    let configured = cmpl(&args)
+        .args([QUESTION])
+        .env("CMPL_CONFIG", config.path())
+        .run()
+        .json();
+    assert_eq!(text(&configured), flag);
+    // Flags win: --chat=false over the environment.
+    let off = cmpl(&args)
+        .args(["--chat=false", QUESTION])
+        .env("CMPL_CHAT", "1")
+        .run()
+        .json();
+    assert_eq!(text(&off), raw);
+    // --batch lines choose per line, echo showing each line's prompt.
+    let lines = format!(
+        "{}\n{}\n",
+        json!({"prompt": QUESTION, "chat": true, "echo": true}),
+        json!({"prompt": QUESTION})
+    );
+    let out = cmpl(&[
+        "-m",
+        &model,
+        "--batch",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "12",
+    ])
+    .stdin(lines)
+    .run();
+    let answers: Vec<Value> = out
+        .ok()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(text(&answers[0]), flag);
+    assert_eq!(text(&answers[1]), raw);
+    assert!(answers[0]["prompt"][0]["text"]
+        .as_str()
+        .unwrap()
+        .starts_with("<|im_start|>"));
+    // A resident (in a runtime folder of this test's own) answers as the
+    // one-shot does.
+    let runtime = tempfile::tempdir().unwrap();
+    let resident = |extra: &[&str]| {
+        cmpl(&args)
+            .args(extra)
+            .env("XDG_RUNTIME_DIR", runtime.path())
+            .run()
+    };
+    let warm = resident(&["--chat", QUESTION, "--keep-alive", "1m"]).json();
+    assert_eq!(text(&warm), flag);
+    let again = resident(&["--chat", QUESTION, "--keep-alive", "1m"]).json();
+    assert_eq!(text(&again), flag);
+    cmpl(&["--stop-resident", "all"])
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .run()
+        .ok();
+}
+
+#[test]
+fn the_servers_chat_endpoint_serves_the_clients() {
+    // The OpenAI SDK, LangChain's ChatOpenAI and `llm` (tests/chat_clients.py)
+    // get the command line's own answer, plain and streamed.
+    let model = smol();
+    let answer = cmpl(&[
+        "-m",
+        &model,
+        "--chat",
+        QUESTION,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "64",
+    ])
+    .run()
+    .ok()
+    .to_string();
+    let server = Served::start(&["-m", &model], &[]);
+    common::sdk::python_script("chat_clients.py", &[&server.root(), &answer]);
+}
