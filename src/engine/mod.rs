@@ -68,7 +68,7 @@ pub struct LoadOptions {
 
 pub struct Engine {
     model: LlamaModel,
-    backend: LlamaBackend,
+    backend: &'static LlamaBackend,
     /// The model as the user named it, and its file.
     model_ref: ModelRef,
     info: GgufInfo,
@@ -384,11 +384,7 @@ impl Engine {
         let path = model_ref.path.as_path();
         let info = crate::gguf::inspect(path)
             .map_err(|e| CmplError::model(format!("{}: {e}", path.display())))?;
-        let mut backend = LlamaBackend::init()
-            .map_err(|e| CmplError::internal(format!("cannot start llama.cpp: {e}")))?;
-        if !opts.verbose {
-            backend.void_logs();
-        }
+        let backend = llama_backend(opts.verbose)?;
         let c_path = path
             .to_str()
             .and_then(|p| std::ffi::CString::new(p).ok())
@@ -491,7 +487,7 @@ impl Engine {
             .with_n_seq_max(1)
             .with_n_threads(self.threads)
             .with_n_threads_batch(self.threads);
-        let Ok(mut ctx) = self.model.new_context(&self.backend, params) else {
+        let Ok(mut ctx) = self.model.new_context(self.backend, params) else {
             return costs::Costs::default();
         };
         let mut batch = llama_cpp_2::llama_batch::LlamaBatch::new(CALIBRATION_PREFIX, 1);
@@ -779,6 +775,24 @@ impl Engine {
             token_logprob,
         })
     }
+}
+
+/// llama.cpp's backend, started once per process: a guard model
+/// (`safety_model`) loads beside the model that answers.
+fn llama_backend(verbose: bool) -> Result<&'static LlamaBackend> {
+    static BACKEND: std::sync::Mutex<Option<&'static LlamaBackend>> = std::sync::Mutex::new(None);
+    let mut slot = BACKEND.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(backend) = *slot {
+        return Ok(backend);
+    }
+    let mut backend = LlamaBackend::init()
+        .map_err(|e| CmplError::internal(format!("cannot start llama.cpp: {e}")))?;
+    if !verbose {
+        backend.void_logs();
+    }
+    let backend: &'static LlamaBackend = Box::leak(Box::new(backend));
+    *slot = Some(backend);
+    Ok(backend)
 }
 
 /// What the costs of a decode call depend on: the model file, the CPU and
