@@ -101,7 +101,7 @@ impl Engine {
             .with_n_threads_batch(self.threads);
         let mut ctx = self
             .model
-            .new_context(&self.backend, params)
+            .new_context(self.backend, params)
             .map_err(|e| CmplError::internal(format!("cannot create a llama.cpp context: {e}")))?;
         let mut batch = LlamaBatch::new(batch_size, parallel as i32);
         let mut run = Run {
