@@ -11,7 +11,7 @@ complete -c cmpl -l logprobs -d 'Return each token\'s log-probability and the K 
 complete -c cmpl -l echo -d 'Return the prompt too (with its logprobs when --logprobs is set)' -r -f -a "true\t''
 false\t''"
 complete -c cmpl -s n -l n -d 'Number of choices to generate for the prompt, 1..128 [default: 1]' -r
-complete -c cmpl -l safety-model -d 'Moderation model (not supported in this release: refused with an error)' -r
+complete -c cmpl -l safety-model -d 'A guard model (Llama Guard, ShieldGemma; any model reference) that must find the prompt, then the answer, safe: a flagged one is never shown (exit 3, the categories named). Streams wait for its verdict' -r
 complete -c cmpl -l min-p -d 'Drop tokens less likely than P times the most likely one, 0..1 [default: 0, off]' -r
 complete -c cmpl -l presence-penalty -d 'Penalize tokens that have appeared at all, -2..2 [default: 0]' -r
 complete -c cmpl -l frequency-penalty -d 'Penalize tokens by how often they have appeared, -2..2 [default: 0]' -r
@@ -23,6 +23,10 @@ complete -c cmpl -l regex -d 'The whole text matches this regex (Rust regex synt
 complete -c cmpl -l choice -d 'The text is exactly one of these; repeatable (structured_outputs choice)' -r
 complete -c cmpl -l grammar -d 'The text is in the language of this GBNF grammar\'s root rule (llama.cpp\'s grammar format; structured_outputs grammar)' -r
 complete -c cmpl -l grammar-file -d 'The text follows the GBNF grammar in FILE' -r -F
+complete -c cmpl -l chat -d 'Instruct models: the prompt becomes one user message, rendered through the model\'s own chat template (tokenizer.chat_template) with the assistant\'s turn opened; the answer ends at the turn\'s end. Also $CMPL_CHAT=1 or the config\'s "chat" [default: off, raw prompts]' -r -f -a "true\t''
+false\t''"
+complete -c cmpl -l system -d 'A system message before the prompt (implies --chat)' -r
+complete -c cmpl -l chat-template -d 'The Jinja chat template in FILE instead of the model\'s own, for a model without one (implies --chat)' -r -F
 complete -c cmpl -l request -d 'Read the JSON request from FILE (\'-\' for stdin)' -r -F
 complete -c cmpl -l prompt-file -d 'Read the prompt as plain text from FILE (\'-\' for stdin)' -r -F
 complete -c cmpl -l batch -d 'Answer a JSON Lines file of requests (stdin without FILE), one JSON line out per line in, in order, decoding the requests together. Exit 1 if any line failed. Lines with "stream": true get a whole response' -r -F

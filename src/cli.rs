@@ -34,7 +34,8 @@ Output:
   data: [DONE]).
 
 Exit status:
-  0 success, 1 model or runtime error, 2 invalid request, 130 interrupted.
+  0 success, 1 model or runtime error, 2 invalid request, 3 flagged by the
+  safety model (nothing shown), 130 interrupted.
   In --batch mode: 0 when every line succeeded, 1 when any line failed.
 
 Environment:
@@ -44,6 +45,7 @@ Environment:
   CMPL_API_KEY   the key sent to that server (never on the command line);
                  with --serve, the key clients must send
   CMPL_KEEP_ALIVE  as --keep-alive: keep the model loaded between calls
+  CMPL_CHAT      1: --chat by default (the config's \"chat\"; --chat=false wins)
   HF_HUB_CACHE   the hub cache for hf.co/ models (else $HF_HOME/hub, else
                  ~/.cache/huggingface/hub); HF_HUB_OFFLINE=1 uses it with
                  no request; HF_ENDPOINT a mirror; HF_TOKEN gated models
@@ -54,7 +56,8 @@ Examples:
   echo '{\"prompt\":\"Once upon a time\",\"max_tokens\":32,\"n\":2}' | cmpl
   cmpl --stream --json \"def fib(n):\" --stop $'\\n\\n'
   cmpl --base-url http://127.0.0.1:8080/v1 \"The capital of France is\"
-  cmpl --keep-alive 5m \"The capital of France is\"   (the next call is warm)";
+  cmpl --keep-alive 5m \"The capital of France is\"   (the next call is warm)
+  cmpl -m SmolLM2-135M-Instruct.Q4_1.gguf --chat \"Name the capital city of France.\"";
 
 #[derive(Parser, Debug, Default, Clone)]
 #[command(

@@ -34,10 +34,13 @@ pub struct Guard {
 
 impl Guard {
     /// Opens the model `named` (any model reference) as a guard, with the
-    /// run's settings, always on this machine (also beside --base-url).
+    /// run's settings, always on this machine (also beside --base-url), and
+    /// without prompt lookup (a verdict is a few tokens: timing its call
+    /// costs would cost more than it could save).
     pub fn open(named: &str, runtime: &Runtime) -> Result<Guard> {
         let local = Runtime {
             remote: None,
+            lookup: Some(0),
             ..runtime.clone()
         };
         let (backend, name) = crate::open::backend(Some(named), None, &local).map_err(|e| {

@@ -91,11 +91,6 @@ const CASES: &[Case] = &[
         "vocabulary",
     ),
     flag(&["hi", "--stop", ""], "stop", "must not be empty"),
-    flag(
-        &["hi", "--safety-model", "guard"],
-        "safety_model",
-        "not supported",
-    ),
     flag(&[""], "prompt", "empty"),
     flag(
         &["hi", "--max-tokens", "many"],
@@ -214,9 +209,9 @@ const CASES: &[Case] = &[
         "whole number",
     ),
     body(
-        "{\"prompt\": \"hi\", \"safety_model\": \"x\"}",
+        "{\"prompt\": \"hi\", \"safety_model\": 7}",
         "safety_model",
-        "not supported",
+        "must be a string",
     ),
     Case {
         args: &["--request", "-"],

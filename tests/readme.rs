@@ -10,7 +10,7 @@
 
 mod common;
 use common::hub::{Fault, HubFile, HubRepo, StandInHub};
-use common::run::{isolate, model_path};
+use common::run::{isolate, model_path, second_model_path};
 use common::served::Served;
 use common::server::LlamaServer;
 use common::standin::{data, Reply, StandIn};
@@ -145,7 +145,15 @@ impl Servers {
         }
         if text.contains("127.0.0.1:8337") {
             if lang == "python" {
-                let served = Served::start(&[], &[]);
+                // A chat example needs an instruct model (the test model
+                // has no chat template).
+                let smol = second_model_path().display().to_string();
+                let extra: &[&str] = if text.contains("chat.completions") {
+                    &["-m", &smol]
+                } else {
+                    &[]
+                };
+                let served = Served::start(extra, &[]);
                 text = text.replace("127.0.0.1:8337", &format!("127.0.0.1:{}", served.port));
                 s.served = Some(served);
             } else {
@@ -171,6 +179,19 @@ impl Servers {
                     .collect::<Vec<_>>()
                     .join("\n");
             }
+        }
+        if text.contains("guard.gguf") {
+            // The guard model the example names: the tests' stand-in
+            // (tests/safety.rs), as no real guard can be fetched here.
+            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+            let made = Command::new(common::sdk::sdk_python_path())
+                .arg(root.join("tests/make_guard.py"))
+                .arg(model_path())
+                .arg(scratch.join("guard.gguf"))
+                .arg(root.join("tests/data/templates/standin-guard.jinja"))
+                .status()
+                .unwrap();
+            assert!(made.success(), "tests/make_guard.py failed");
         }
         (s, text)
     }
