@@ -345,3 +345,43 @@ fn the_servers_chat_endpoint_serves_the_clients() {
     let server = Served::start(&["-m", &model], &[]);
     common::sdk::python_script("chat_clients.py", &[&server.root(), &answer]);
 }
+
+#[test]
+fn a_remote_engine_is_sent_the_rendered_prompt() {
+    // Rendered here with --chat-template (a server's model's own template
+    // cannot be read from here): the server answers as the model would.
+    let model = smol();
+    let file = template("chatml.jinja");
+    let args = [
+        "--chat-template",
+        &file,
+        QUESTION,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "24",
+        "--json",
+    ];
+    let local = cmpl(&["-m", &model]).args(args).run().json();
+    let server = Served::start(&["-m", &model], &[]);
+    let remote = cmpl(&["--base-url", &server.url()])
+        .args(args)
+        .args(["--echo"])
+        .run();
+    let v = remote.json();
+    assert_eq!(
+        v["choices"][0]["text"], local["choices"][0]["text"],
+        "{}",
+        remote.stderr
+    );
+    assert!(
+        v["prompt"][0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("<|im_start|>system"),
+        "{v}"
+    );
+    cmpl(&["--base-url", &server.url(), "--chat", QUESTION])
+        .run()
+        .fails(2, "--chat-template FILE");
+}

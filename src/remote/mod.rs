@@ -409,6 +409,14 @@ fn render_chat(mut request: Request) -> Result<Request> {
     Ok(request)
 }
 
+/// A chat's end of generation is its turn's end: a stop, as locally.
+fn turn_end(chat: bool, finish: crate::backend::Finish) -> crate::backend::Finish {
+    match finish {
+        crate::backend::Finish::Eos if chat => crate::backend::Finish::Stop,
+        other => other,
+    }
+}
+
 /// What a worker reports to the thread that prints: a job's event.
 type Msg = (usize, Owned);
 
@@ -418,6 +426,8 @@ struct Accumulator {
     job: usize,
     /// A chat's prompt as rendered here (what `echo` shows).
     rendered: Option<String>,
+    /// A chat: its end of generation is a stop.
+    chat: bool,
     n: u32,
     want_tokens: bool,
     started: bool,
@@ -450,6 +460,7 @@ impl Accumulator {
         Accumulator {
             job,
             rendered: request.chat.is_some().then(|| request.prompt.clone()),
+            chat: request.chat.is_some(),
             n: request.n,
             want_tokens: request.logprobs.is_some(),
             started: false,
@@ -481,6 +492,7 @@ impl Accumulator {
     /// One piece of a stream.
     fn delta(&mut self, delta: Delta, tx: &mpsc::Sender<Msg>) -> Result<()> {
         self.start(tx);
+        let chat = self.chat;
         let Some(index) = delta.choice else {
             if delta.usage.is_some() {
                 self.usage = delta.usage;
@@ -502,8 +514,8 @@ impl Accumulator {
         if delta.usage.is_some() {
             c.usage = delta.usage;
         }
-        if delta.finish.is_some() {
-            c.finish = delta.finish;
+        if let Some(finish) = delta.finish {
+            c.finish = Some(turn_end(chat, finish));
         }
         if delta.token.is_none() && delta.text.is_empty() {
             // Only the finish (or nothing): it goes with the token held back.
@@ -609,7 +621,10 @@ impl Accumulator {
     }
 
     /// A whole (non-streamed) answer: one token event per choice, then the result.
-    fn whole(mut self, answer: Answer, tx: &mpsc::Sender<Msg>) -> Result<()> {
+    fn whole(mut self, mut answer: Answer, tx: &mpsc::Sender<Msg>) -> Result<()> {
+        for c in &mut answer.choices {
+            c.finish = turn_end(self.chat, c.finish);
+        }
         if answer.choices.len() != self.n as usize {
             return Err(CmplError::new(
                 ErrorKind::Unavailable,
@@ -632,7 +647,7 @@ impl Accumulator {
             Owned::Started {
                 prompt: None,
                 seeds: seeds.clone(),
-                rendered: None,
+                rendered: self.rendered.take(),
             },
         ));
         for (i, c) in answer.choices.iter().enumerate() {
