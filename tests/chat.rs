@@ -381,6 +381,7 @@ fn a_remote_engine_is_sent_the_rendered_prompt() {
             .starts_with("<|im_start|>system"),
         "{v}"
     );
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
     cmpl(&["--base-url", &server.url(), "--chat", QUESTION])
         .run()
         .fails(2, "--chat-template FILE");
