@@ -61,10 +61,10 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
 fn serve(
     inv: &crate::options::Invocation,
     config: &crate::config::Config,
-    opts: &crate::serve::ServeOptions,
+    opts: &crate::options::ServeOptions,
 ) -> crate::error::Result<()> {
     let named = inv.flags.get("model").and_then(|m| m.as_str());
-    let (engine, name) = crate::open::local(named, config.model.as_deref(), &inv.runtime)?;
+    let (engine, name) = crate::load::local(named, config.model.as_deref(), &inv.runtime)?;
     crate::serve::run(engine, name, config, &inv.runtime, opts)
 }
 

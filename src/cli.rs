@@ -7,10 +7,10 @@ use crate::config::Config;
 use crate::constraint::Constraint;
 use crate::error::{CmplError, Result};
 use crate::generate::Kind;
-use crate::options::{Action, Color, InputSource, Invocation, Runtime};
+use crate::options::{Action, Color, InputSource, Invocation, Listen, Runtime, ServeOptions};
 use crate::remote::Endpoint;
 use crate::request::RawRequest;
-use crate::serve::ServeOptions;
+
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{ArgAction, Parser};
 use serde_json::{json, Map, Value};
@@ -302,7 +302,7 @@ pub struct Cli {
     /// Serve the completions API over HTTP at ADDR (host:port, a port on
     /// 127.0.0.1, or unix:PATH for a socket only this user can reach)
     /// [default: 127.0.0.1:8337]; another address needs CMPL_API_KEY.
-    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = crate::serve::DEFAULT_ADDR, conflicts_with_all = ["prompt", "prompt_file", "request", "batch", "base_url"], help_heading = "Server")]
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = crate::options::DEFAULT_ADDR, conflicts_with_all = ["prompt", "prompt_file", "request", "batch", "base_url"], help_heading = "Server")]
     pub serve: Option<String>,
 
     /// Keep the model loaded between calls: a run on a local model uses (or
@@ -481,7 +481,7 @@ impl Cli {
                 strict_model: self.strict_model,
                 drain: std::time::Duration::from_secs(
                     self.drain_timeout
-                        .unwrap_or(crate::serve::DEFAULT_DRAIN_SECS),
+                        .unwrap_or(crate::options::DEFAULT_DRAIN_SECS),
                 ),
                 keep_alive: keep_alive.filter(|d| !d.is_zero()),
                 ready_pipe: std::env::var_os("CMPL_RESIDENT_READY").is_some(),
@@ -773,9 +773,9 @@ fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
 
 /// `--serve`'s address: `host:port`, `:port`, a bare port (on 127.0.0.1),
 /// or `unix:PATH`.
-fn serve_addr(text: &str) -> Result<crate::serve::Listen> {
+fn serve_addr(text: &str) -> Result<Listen> {
     if let Some(path) = text.strip_prefix("unix:") {
-        return Ok(crate::serve::Listen::Unix(PathBuf::from(path)));
+        return Ok(Listen::Unix(PathBuf::from(path)));
     }
     let text = text.trim();
     let full = match text.parse::<u16>() {
@@ -783,7 +783,7 @@ fn serve_addr(text: &str) -> Result<crate::serve::Listen> {
         Err(_) if text.starts_with(':') => format!("127.0.0.1{text}"),
         Err(_) => text.to_string(),
     };
-    full.parse().map(crate::serve::Listen::Tcp).map_err(|_| {
+    full.parse().map(Listen::Tcp).map_err(|_| {
         CmplError::invalid(
             "serve",
             format!(

@@ -1,37 +1,38 @@
 //! `cmpl`: the `/completions` API as a local command-line tool on llama.cpp.
 //!
-//! One-way pipeline: the face (`cli`: flags, config, stdin) builds a
-//! validated `request::Request`; a `backend::Backend` (the local
-//! llama.cpp `engine`) runs it and reports events; the `printer` turns
-//! them into text, JSON or SSE. `app` wires them and maps errors to exit codes.
+//! One-way pipeline: a face (`cli`: flags, config, stdin; `batch`; `serve`)
+//! builds a validated `request::Request`; a `backend::Backend` (the local
+//! llama.cpp `engine`, a `resident`, a `remote` server) runs it and reports
+//! events; the `printer` turns them into text, JSON or SSE. `app` wires them
+//! and maps errors to exit codes.
+//!
+//! This crate holds the faces. What they share as plain values is the
+//! `cmpl-core` crate (re-exported here by module), and everything that
+//! touches llama.cpp is the `cmpl-engine` crate (`engine`), which depends on
+//! the core alone: docs/architecture.md.
+
+pub use cmpl_core::{
+    api, backend, constraint, error, gguf, grammar, printer, random, request, stop, template,
+};
+pub use cmpl_engine as engine;
 
 pub mod app;
-pub mod error;
 pub mod generate;
-pub mod request;
-pub mod stop;
-pub mod template;
 
-mod api;
-mod backend;
 mod batch;
 mod cli;
 mod config;
-mod constraint;
-mod engine;
-mod gguf;
-mod grammar;
 mod hub;
 mod input;
+mod load;
 mod models;
 mod oneshot;
 mod open;
 mod options;
-mod printer;
-mod random;
 mod remote;
 mod resident;
 mod safety;
 mod serve;
 mod signal;
 mod url;
+mod wire;

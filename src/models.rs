@@ -3,6 +3,7 @@
 //! (`hf.co/ORG/REPO[:QUANT]`, fetched into the hub cache).
 
 use crate::error::{CmplError, Result};
+pub use cmpl_core::model::{Finder, ModelRef};
 use std::path::{Path, PathBuf};
 
 /// The model used when nothing names one.
@@ -13,40 +14,6 @@ pub const DEFAULT_MODEL_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
 /// folder: `scripts/fetch-model` asks `cmpl --models-dir` for it.
 pub fn models_dir() -> Option<PathBuf> {
     directories::ProjectDirs::from("", "", "cmpl").map(|d| d.cache_dir().join("models"))
-}
-
-/// A model the user named (or the default), and the file it resolved to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ModelRef {
-    /// What the response's `model` says: the user's string, or the default's file name.
-    pub name: String,
-    pub path: PathBuf,
-}
-
-impl ModelRef {
-    /// Whether `named` (a request's `model`) names this model: the same
-    /// string, or a name that resolves to the same file.
-    pub fn is(&self, named: &str) -> bool {
-        named == self.name
-            || local_or_cached(named).is_some_and(|p| {
-                let canon = |p: &Path| std::fs::canonicalize(p).ok();
-                canon(&p).is_some() && canon(&p) == canon(&self.path)
-            })
-    }
-
-    /// A request's `model` must name this model: one run serves one.
-    pub fn check(&self, named: Option<&str>) -> Result<()> {
-        match named {
-            Some(named) if !self.is(named) => Err(CmplError::invalid(
-                "model",
-                format!(
-                    "the request names model `{named}`, but `{}` is loaded: one run serves one model; leave `model` out or split the requests by model",
-                    self.name
-                ),
-            )),
-            _ => Ok(()),
-        }
-    }
 }
 
 /// Resolves the first of: `-m` or the request's `model` (`given`),
@@ -61,7 +28,11 @@ pub fn resolve(given: Option<&str>, config: Option<&str>) -> Result<ModelRef> {
         Some(name) => {
             if let Some(hub_name) = hub_name(&name) {
                 let path = crate::hub::resolve(&hub_name?, &name)?;
-                return Ok(ModelRef { name, path });
+                return Ok(ModelRef {
+                    name,
+                    path,
+                    finder: Finder(local_or_cached),
+                });
             }
             let path = find(&name).ok_or_else(|| {
                 CmplError::model(format!(
@@ -70,7 +41,11 @@ pub fn resolve(given: Option<&str>, config: Option<&str>) -> Result<ModelRef> {
                     HOW_TO_GET
                 ))
             })?;
-            Ok(ModelRef { name, path })
+            Ok(ModelRef {
+                name,
+                path,
+                finder: Finder(local_or_cached),
+            })
         }
         None => {
             let path = models_dir()
@@ -86,6 +61,7 @@ pub fn resolve(given: Option<&str>, config: Option<&str>) -> Result<ModelRef> {
             Ok(ModelRef {
                 name: DEFAULT_MODEL_FILE.to_string(),
                 path,
+                finder: Finder(local_or_cached),
             })
         }
     }

@@ -1,16 +1,11 @@
-//! Opens the backend a run asks for: a server's API (`--base-url`), or the
-//! local llama.cpp engine on a model file, loaded with a progress bar while
-//! stderr is a terminal.
+//! Chooses the backend a run asks for: a server's API (`--base-url`), a
+//! resident holding the model (`--keep-alive`), or the model loaded here
+//! (`load`).
 
 use crate::backend::Backend;
-use crate::engine::{Engine, LoadOptions};
-use crate::error::{CmplError, Result};
-use crate::models::ModelRef;
+use crate::error::Result;
 use crate::options::Runtime;
 use crate::remote::Remote;
-use crate::signal::INTERRUPTED;
-use std::io::IsTerminal;
-use std::sync::atomic::Ordering;
 
 /// The backend for a run, and the name its responses carry in `model`:
 /// `named` is the model the request or -m names, `config_model` the config
@@ -34,72 +29,5 @@ pub fn backend(
             return Ok((Box::leak(Box::new(resident)), name));
         }
     }
-    Ok((load(model, runtime)?, name))
-}
-
-/// The local engine on the model `named` (else the environment's, the
-/// config's, the default), and that model's name: for a run, or the server.
-pub fn local(
-    named: Option<&str>,
-    config_model: Option<&str>,
-    runtime: &Runtime,
-) -> Result<(&'static Engine, String)> {
-    let model = crate::models::resolve(named, config_model)?;
-    let name = model.name.clone();
-    Ok((load(model, runtime)?, name))
-}
-
-/// Loads `model` with `runtime`'s settings (a progress bar on a terminal).
-pub fn load(model: ModelRef, runtime: &Runtime) -> Result<&'static Engine> {
-    let opts = LoadOptions {
-        threads: runtime.threads,
-        n_gpu_layers: runtime.n_gpu_layers,
-        repack: runtime.repack,
-        verbose: runtime.verbose,
-        lookup: runtime.lookup.unwrap_or(crate::engine::DEFAULT_LOOKUP),
-        prefix_cache: runtime.prefix_cache,
-        deterministic: runtime.deterministic,
-    };
-    let bar = (std::io::stderr().is_terminal() && !runtime.verbose).then(|| {
-        let bar = indicatif::ProgressBar::with_draw_target(
-            Some(1000),
-            indicatif::ProgressDrawTarget::stderr(),
-        );
-        bar.set_style(
-            indicatif::ProgressStyle::with_template("loading model {bar:30} {percent:>3}%")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        bar
-    });
-    let progress_bar = bar.clone();
-    let started = std::time::Instant::now();
-    let engine = Engine::load(model, &opts, move |p| {
-        if let Some(bar) = &progress_bar {
-            bar.set_position((p * 1000.0) as u64);
-        }
-        // Ctrl-C while loading: abandon the load.
-        !INTERRUPTED.load(Ordering::Relaxed)
-    });
-    if let Some(bar) = bar {
-        bar.finish_and_clear();
-    }
-    if INTERRUPTED.load(Ordering::Relaxed) {
-        return Err(CmplError::interrupted());
-    }
-    let engine = engine?;
-    // A GPU build on a machine without a usable GPU (no driver, no Vulkan
-    // ICD) runs on the CPU, as llama.cpp does; say so once.
-    if cfg!(any(feature = "cuda", feature = "metal", feature = "vulkan"))
-        && runtime.n_gpu_layers != Some(0)
-        && !engine.has_gpu()
-    {
-        eprintln!("cmpl: no GPU device found; running on the CPU (-ngl 0 silences this)");
-    }
-    if runtime.verbose {
-        eprintln!(
-            "cmpl: model loaded in {:.3} s",
-            started.elapsed().as_secs_f64()
-        );
-    }
-    Ok(Box::leak(Box::new(engine)))
+    Ok((crate::load::load(model, runtime)?, name))
 }

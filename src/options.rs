@@ -3,7 +3,9 @@
 //! them without seeing clap.
 
 use crate::request::RawRequest;
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// What to do.
 #[derive(Debug, Clone, PartialEq)]
@@ -17,7 +19,7 @@ pub enum Action {
     /// JSON Lines from FILE (stdin for `None` or `-`).
     Batch(Option<PathBuf>),
     /// The API over HTTP.
-    Serve(crate::serve::ServeOptions),
+    Serve(ServeOptions),
     /// `--ps`: the residents running.
     Ps,
     /// `--stop`: end the residents of this model (or `all`).
@@ -87,4 +89,43 @@ pub struct Invocation {
     /// Answer in the API's JSON (`--json`; a JSON request or batch is JSON anyway).
     pub json: bool,
     pub color: Color,
+}
+
+/// Where `--serve` listens without an address.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:8337";
+/// How long a shutdown waits for requests in flight (`--drain-timeout`).
+pub const DEFAULT_DRAIN_SECS: u64 = 300;
+/// Where the server listens.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Listen {
+    Tcp(SocketAddr),
+    /// A Unix socket: answered for this user only.
+    Unix(PathBuf),
+}
+
+impl std::fmt::Display for Listen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Listen::Tcp(addr) => write!(f, "http://{addr}/v1"),
+            Listen::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
+}
+
+/// How the server runs (resolved by the face).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServeOptions {
+    pub listen: Listen,
+    /// Requests decoded together.
+    pub parallel: u32,
+    pub ctx_size: Option<u32>,
+    /// Answer a request naming another model with 404 instead of serving it.
+    pub strict_model: bool,
+    /// How long a shutdown waits for the requests in flight.
+    pub drain: Duration,
+    /// Leave after this long without a request (`--keep-alive`).
+    pub keep_alive: Option<Duration>,
+    /// Started by a caller (`CMPL_RESIDENT_READY`): stdout is a pipe that
+    /// hears `ready` once this listens, or the error that stopped it.
+    pub ready_pipe: bool,
 }

@@ -10,9 +10,7 @@
 mod http;
 mod place;
 mod ps;
-pub mod wire;
 
-pub use place::identity;
 pub use ps::{ps, stop};
 
 use crate::backend::{Backend, Event, Owned, RunOptions, Sink};
@@ -21,6 +19,7 @@ use crate::models::ModelRef;
 use crate::options::Runtime;
 use crate::request::Request;
 use crate::signal::INTERRUPTED;
+use crate::wire;
 use std::collections::{HashMap, VecDeque};
 use std::io::{BufRead, Read};
 use std::os::unix::net::UnixStream;
@@ -437,7 +436,7 @@ impl Backend for Resident {
             );
         }
         unfit.sort_unstable();
-        let engine = crate::open::load(self.model.clone(), &self.runtime)?;
+        let engine = crate::load::load(self.model.clone(), &self.runtime)?;
         let requests = unfit
             .iter()
             .map(|job| {

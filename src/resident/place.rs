@@ -4,6 +4,7 @@
 
 use crate::models::ModelRef;
 use crate::options::Runtime;
+use crate::wire::identity;
 use sha2::{Digest, Sha256};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -113,23 +114,6 @@ pub fn socket_path(dir: &Path, model: &ModelRef, runtime: &Runtime) -> Result<Pa
         ));
     }
     Ok(path)
-}
-
-/// Which file `path` is now: its real path, device, inode, size and
-/// modification time. Another file under the same name reads differently
-/// (what a resident's name is made of, and what it watches).
-pub fn identity(path: &Path) -> std::io::Result<String> {
-    let canon = std::fs::canonicalize(path)?;
-    let m = std::fs::metadata(&canon)?;
-    Ok(format!(
-        "{}|{}|{}|{}|{}.{}",
-        canon.display(),
-        m.dev(),
-        m.ino(),
-        m.size(),
-        m.mtime(),
-        m.mtime_nsec()
-    ))
 }
 
 /// The residents' log folder: cmpl's cache folder.

@@ -1,8 +1,9 @@
 //! `--ps` lists this user's residents (what each one's status route says,
 //! the numbers `/metrics` has); `--stop` ends them.
 
-use super::{http, place, wire};
+use super::{http, place};
 use crate::error::{CmplError, ErrorKind, Result};
+use crate::wire;
 use serde_json::Value;
 use std::io::Write;
 use std::path::PathBuf;

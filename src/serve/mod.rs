@@ -16,22 +16,20 @@ mod worker;
 use crate::config::Config;
 use crate::engine::Engine;
 use crate::error::{CmplError, ErrorKind, Result};
+use crate::options::{Listen, ServeOptions};
 use crate::request::{RawRequest, Request};
-use crate::resident::wire;
+use crate::wire;
 use body::{Out, OutBody};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, StatusCode};
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 use worker::Submission;
 
-/// Where `--serve` listens without an address.
-pub const DEFAULT_ADDR: &str = "127.0.0.1:8337";
 /// A request body larger than this is refused (413).
 const BODY_LIMIT: usize = 8 << 20;
 /// Time a client may take to send its headers, and its body.
@@ -39,8 +37,6 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Requests waiting or running at once, per slot; past it, 503.
 const QUEUE_PER_SLOT: usize = 8;
-/// How long a shutdown waits for requests in flight (`--drain-timeout`).
-pub const DEFAULT_DRAIN_SECS: u64 = 300;
 /// Connections open at once (fewer where the descriptor limit is lower):
 /// past it, a new one takes the place of the longest idle (see `conns`).
 const MAX_CONNECTIONS: usize = 4096;
@@ -50,41 +46,6 @@ const RESERVED_FDS: usize = 64;
 /// Request bodies held in memory at once, all connections together: past
 /// it, a body is refused (503) instead of read.
 const BODIES_LIMIT: usize = 256 << 20;
-
-/// Where the server listens.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Listen {
-    Tcp(SocketAddr),
-    /// A Unix socket: answered for this user only.
-    Unix(PathBuf),
-}
-
-impl std::fmt::Display for Listen {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Listen::Tcp(addr) => write!(f, "http://{addr}/v1"),
-            Listen::Unix(path) => write!(f, "unix:{}", path.display()),
-        }
-    }
-}
-
-/// How the server runs (resolved by the face).
-#[derive(Debug, Clone, PartialEq)]
-pub struct ServeOptions {
-    pub listen: Listen,
-    /// Requests decoded together.
-    pub parallel: u32,
-    pub ctx_size: Option<u32>,
-    /// Answer a request naming another model with 404 instead of serving it.
-    pub strict_model: bool,
-    /// How long a shutdown waits for the requests in flight.
-    pub drain: Duration,
-    /// Leave after this long without a request (`--keep-alive`).
-    pub keep_alive: Option<Duration>,
-    /// Started by a caller (`CMPL_RESIDENT_READY`): stdout is a pipe that
-    /// hears `ready` once this listens, or the error that stopped it.
-    pub ready_pipe: bool,
-}
 
 /// What every connection shares.
 struct Shared {
@@ -419,7 +380,7 @@ async fn serve(
         .keep_alive(true);
     let conns = Arc::new(conns::Conns::new(connections));
     let mut poll = tokio::time::interval(Duration::from_millis(100));
-    let model_file = crate::resident::identity(&shared.path).ok();
+    let model_file = wire::identity(&shared.path).ok();
     let mut ticks = 0u64;
     // Idle from now, not from before the context and the calibration: a
     // short keep-alive must not end a resident before its caller's request.
@@ -478,7 +439,7 @@ async fn serve(
                     }
                 }
                 // Once a second: never answer for another file than the one loaded.
-                if ticks % 10 == 0 && crate::resident::identity(&shared.path).ok() != model_file {
+                if ticks % 10 == 0 && wire::identity(&shared.path).ok() != model_file {
                     eprintln!("cmpl: the model file {} changed on disk: stopping", shared.path.display());
                     break Stop::Drained;
                 }
@@ -631,7 +592,7 @@ fn status(shared: &Shared, in_flight: u64) -> String {
     .to_string()
 }
 
-/// A cmpl caller's request (`resident::wire::Ask`): answered as its own run
+/// A cmpl caller's request (`wire::Ask`): answered as its own run
 /// would, its events streamed back as JSON lines for its printer.
 async fn run_for_caller(req: hyper::Request<Incoming>, shared: &Shared) -> Response {
     let body = match read_body(req.into_body(), shared).await {

@@ -77,7 +77,7 @@ impl Face {
             Face::Printer(p) => p.event(event),
             Face::Chat(c) => c.event(event),
             Face::Events(channel) => {
-                let line = crate::resident::wire::line(&(&event).into());
+                let line = crate::wire::line(&(&event).into());
                 channel.write_all(line.as_bytes())?;
                 channel.flush().map_err(CmplError::from)
             }

@@ -5,8 +5,8 @@
 //! pathological grammar fails a request instead of stalling the loop.
 
 use super::bounds::{self, JsonText};
-use crate::constraint::Constraint;
-use crate::error::{CmplError, Result};
+use cmpl_core::constraint::Constraint;
+use cmpl_core::error::{CmplError, Result};
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
 use llguidance::api::TopLevelGrammar;
@@ -223,7 +223,9 @@ impl Guides {
             }
             Constraint::Regex(rx) => TopLevelGrammar::from_regex(rx),
             Constraint::Choice(options) => TopLevelGrammar::from_regex(&alternatives(options)),
-            Constraint::Grammar(gbnf) => TopLevelGrammar::from_lark(crate::grammar::to_lark(gbnf)?),
+            Constraint::Grammar(gbnf) => {
+                TopLevelGrammar::from_lark(cmpl_core::grammar::to_lark(gbnf)?)
+            }
         };
         let parser = self
             .factory
@@ -521,7 +523,7 @@ pub(crate) mod tests {
             let Err(e) = guides.compile(&c) else {
                 panic!("{c:?} compiled");
             };
-            assert_eq!(e.kind, crate::error::ErrorKind::InvalidRequest, "{c:?}");
+            assert_eq!(e.kind, cmpl_core::error::ErrorKind::InvalidRequest, "{c:?}");
             assert!(e.message.contains(want), "{c:?}: {}", e.message);
         }
     }

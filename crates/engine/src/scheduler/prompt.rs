@@ -3,12 +3,12 @@
 
 use super::step::fill_logprobs;
 use super::{cancelled, ChoiceState, JobState, Layout, Run, PROMPT_CHUNK, PROMPT_CHUNK_ALL_LOGITS};
-use crate::backend::{Event, Sink, TokenInfo};
-use crate::engine::lookup::Drafter;
-use crate::engine::prefix::Source;
-use crate::engine::{guide, sampler, Job};
-use crate::error::{CmplError, Result};
-use crate::stop::StopMatcher;
+use crate::lookup::Drafter;
+use crate::prefix::Source;
+use crate::{guide, sampler, Job};
+use cmpl_core::backend::{Event, Sink, TokenInfo};
+use cmpl_core::error::{CmplError, Result};
+use cmpl_core::stop::StopMatcher;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
@@ -29,7 +29,7 @@ struct Prompted {
 /// another slot's whole stream does, and prompts that share no more than
 /// their first few tokens (a BOS, a word) lay their cells out exactly as
 /// they would alone.
-pub(in crate::engine) const MIN_REUSE: usize = 32;
+pub(crate) const MIN_REUSE: usize = 32;
 
 /// With echo, every prompt token is reported; with logprobs too, each is
 /// scored by the logits of the position before it (so evaluated).

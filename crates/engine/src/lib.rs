@@ -1,6 +1,6 @@
 //! The local backend: everything that touches llama.cpp. Loading,
 //! tokenizing, sizing the context, and the decode loop; it reports
-//! [`Event`](crate::backend::Event)s and knows nothing of terminals or JSON.
+//! [`Event`](cmpl_core::backend::Event)s and knows nothing of terminals or JSON.
 
 mod bounds;
 mod costs;
@@ -17,11 +17,11 @@ mod vector;
 
 pub use guide::unenforceable;
 
-use crate::backend::{Backend, Event, RunOptions, Sink};
-use crate::error::{CmplError, ErrorKind, Result};
-use crate::gguf::GgufInfo;
-use crate::models::ModelRef;
-use crate::request::Request;
+use cmpl_core::backend::{Backend, Event, RunOptions, Sink};
+use cmpl_core::error::{CmplError, ErrorKind, Result};
+use cmpl_core::gguf::GgufInfo;
+use cmpl_core::model::ModelRef;
+use cmpl_core::request::Request;
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
@@ -382,7 +382,7 @@ impl Engine {
         progress: impl FnMut(f32) -> bool,
     ) -> Result<Engine> {
         let path = model_ref.path.as_path();
-        let info = crate::gguf::inspect(path)
+        let info = cmpl_core::gguf::inspect(path)
             .map_err(|e| CmplError::model(format!("{}: {e}", path.display())))?;
         let backend = llama_backend(opts.verbose)?;
         let c_path = path
@@ -680,12 +680,12 @@ impl Engine {
             String::from_utf8_lossy(&vocab.token_to_piece(token, true, None)).into_owned()
         };
         let (bos, eos) = (text(vocab.bos()), text(vocab.eos()));
-        let specials = crate::template::Specials {
+        let specials = cmpl_core::template::Specials {
             bos: &bos,
             eos: &eos,
         };
-        let prompt = crate::template::render(source, &chat.messages, specials)?;
-        if let Some(end) = crate::template::end_of_turn(source, specials) {
+        let prompt = cmpl_core::template::render(source, &chat.messages, specials)?;
+        if let Some(end) = cmpl_core::template::end_of_turn(source, specials) {
             if !request.stop.contains(&end) {
                 request.stop.push(end);
             }
@@ -765,7 +765,9 @@ impl Engine {
             Some(c) => Some(self.guides()?.compile(c)?),
             None => None,
         };
-        let base = request.seed.unwrap_or_else(|| crate::random::u64() as u32);
+        let base = request
+            .seed
+            .unwrap_or_else(|| cmpl_core::random::u64() as u32);
         Ok(Job {
             guide,
             seeds: (0..request.n).map(|i| base.wrapping_add(i)).collect(),

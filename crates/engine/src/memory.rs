@@ -2,8 +2,8 @@
 //! llama.cpp tries to allocate it.
 
 use super::Engine;
-use crate::error::{CmplError, Result};
-use crate::gguf::{GgufInfo, MetaValue};
+use cmpl_core::error::{CmplError, Result};
+use cmpl_core::gguf::{GgufInfo, MetaValue};
 
 /// Prompt tokens per decode call (several jobs' prompts share one). Smaller
 /// when every position's logits are kept (echo with logprobs), since each
@@ -233,7 +233,7 @@ fn human_bytes(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gguf::MetaValue;
+    use cmpl_core::gguf::MetaValue;
 
     fn info(entries: &[(&str, MetaValue)]) -> GgufInfo {
         let mut metadata: std::collections::BTreeMap<String, MetaValue> = entries

@@ -391,11 +391,11 @@ mod tests {
 
     #[test]
     fn llama_cpp_grammars_translate() {
-        let json = include_str!("../tests/data/grammars/json.gbnf");
+        let json = include_str!("../../../tests/data/grammars/json.gbnf");
         let lark = to_lark(json).unwrap();
         assert!(lark.starts_with("start: r0_root\n"), "{lark}");
         assert!(lark.contains("r2_value: r1_object | "), "{lark}");
-        let arith = include_str!("../tests/data/grammars/arithmetic.gbnf");
+        let arith = include_str!("../../../tests/data/grammars/arithmetic.gbnf");
         assert!(to_lark(arith).unwrap().contains("r1_expr: "));
         assert_eq!(
             to_lark("root ::= [a-c^] \"xy\"* .").unwrap(),

@@ -3,10 +3,10 @@
 //! tokens drawn, reported, and checked against the draft.
 
 use super::{cancelled, ChoiceState, Layout, Run};
-use crate::backend::{ChoiceResult, Counts, Event, Finish, JobResult, Sink, TokenInfo};
-use crate::engine::logprobs::{log_sum_exp, top_k};
-use crate::engine::lookup;
-use crate::error::{CmplError, Result};
+use crate::logprobs::{log_sum_exp, top_k};
+use crate::lookup;
+use cmpl_core::backend::{ChoiceResult, Counts, Event, Finish, JobResult, Sink, TokenInfo};
+use cmpl_core::error::{CmplError, Result};
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;

@@ -3,8 +3,8 @@
 
 use super::draw::{TemperatureDraw, Truncation};
 use super::guide::Guide;
-use crate::error::Result;
-use crate::request::Sampling;
+use cmpl_core::error::Result;
+use cmpl_core::request::Sampling;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::token::LlamaToken;
 use std::collections::HashMap;

@@ -1,0 +1,18 @@
+//! cmpl's core: the plain values every part of cmpl shares, and nothing
+//! that touches llama.cpp, a terminal's flags or a socket. The request and
+//! its checks, errors, the API's response shapes and the printer that
+//! writes them, the events a backend reports, stop matching, constraints
+//! and grammars, chat templates, and the GGUF pre-check.
+
+pub mod api;
+pub mod backend;
+pub mod constraint;
+pub mod error;
+pub mod gguf;
+pub mod grammar;
+pub mod model;
+pub mod printer;
+pub mod random;
+pub mod request;
+pub mod stop;
+pub mod template;
