@@ -5,8 +5,8 @@
 //! invalid-request error (exit status 2) that names the field at fault.
 #![no_main]
 
-use cmpl::error::CmplError;
-use cmpl::request::{RawRequest, Request};
+use cmpl_core::error::CmplError;
+use cmpl_core::request::{RawRequest, Request};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -9,7 +9,7 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use cmpl::stop::StopMatcher;
+use cmpl_core::stop::StopMatcher;
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Debug, Arbitrary)]
