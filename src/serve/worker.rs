@@ -206,7 +206,11 @@ pub fn run(
             Some(c) => (c.token_logprobs, Some(c.cells)),
             None => (stream, None),
         };
-        Arrival::Request(Box::new(submission.request), logprobs, cells)
+        Arrival::Request {
+            request: Box::new(submission.request),
+            token_logprobs: logprobs,
+            caller_cells: cells,
+        }
     };
     let mut sink = |event: Event| -> Result<()> {
         let job = event.job();

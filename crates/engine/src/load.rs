@@ -1,7 +1,10 @@
 //! Model loading through llama.cpp's C API, for the one parameter that
 //! llama-cpp-2's `LlamaModelParams` does not expose: `use_extra_bufts`.
 
-use super::LoadOptions;
+use crate::{cpu, state, Engine, LoadOptions};
+use cmpl_core::error::{CmplError, Result};
+use cmpl_core::model::ModelRef;
+use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_sys_2 as sys;
 use std::ffi::{c_void, CString};
@@ -40,4 +43,81 @@ pub fn load<F: FnMut(f32) -> bool>(
     let model = NonNull::new(unsafe { sys::llama_model_load_from_file(path.as_ptr(), raw) })?;
     // SAFETY: see the layout assertion above; the model now owns the pointer.
     Some(unsafe { std::mem::transmute::<NonNull<sys::llama_model>, LlamaModel>(model) })
+}
+
+impl Engine {
+    /// Checks the file, then loads it; `progress` gets 0.0..=1.0 as weights
+    /// load, and returns false to abandon loading.
+    pub fn load(
+        model_ref: ModelRef,
+        opts: &LoadOptions,
+        progress: impl FnMut(f32) -> bool,
+    ) -> Result<Engine> {
+        let path = model_ref.path.as_path();
+        let info = cmpl_core::gguf::inspect(path)
+            .map_err(|e| CmplError::model(format!("{}: {e}", path.display())))?;
+        let backend = llama_backend(opts.verbose)?;
+        let c_path = path
+            .to_str()
+            .and_then(|p| std::ffi::CString::new(p).ok())
+            .ok_or_else(|| {
+                CmplError::model(format!(
+                    "{}: llama.cpp takes UTF-8 paths without NUL bytes; rename the file",
+                    path.display()
+                ))
+            })?;
+        let model = load(&c_path, opts, progress).ok_or_else(|| {
+            CmplError::model(format!(
+                "{}: llama.cpp could not load this model; run with --verbose to see why",
+                path.display()
+            ))
+        })?;
+        let threads = opts.threads.map_or_else(cpu::physical_cores, |t| t as i32);
+        if opts.deterministic {
+            // See `Run::step`: a product of K-quant weights takes
+            // llama.cpp's tiled kernel from 8 columns, the row-by-row one
+            // below; off, every column is computed alike. (Read once, at the
+            // first product; repacked weights are off too, see `load`.)
+            std::env::set_var("GGML_CPU_TILED_MM", "0");
+        }
+        let gpu_free = crate::memory::gpu_free_memory();
+        let prefix_cache = opts.prefix_cache && !model.is_recurrent() && !model.is_hybrid();
+        let window = info
+            .arch_u64("attention.sliding_window")
+            .map(|w| u32::try_from(w).unwrap_or(u32::MAX));
+        let costs_key = crate::calibrate::costs_key(path, opts, threads);
+        Ok(Engine {
+            model,
+            backend,
+            model_ref,
+            info,
+            threads,
+            lookup: opts.lookup,
+            prefix_cache,
+            deterministic: opts.deterministic,
+            window,
+            gpu_free,
+            gpu_layers: opts.n_gpu_layers,
+            verbose: opts.verbose,
+            state: state::State::new(costs_key),
+        })
+    }
+}
+
+/// llama.cpp's backend, started once per process: a guard model
+/// (`safety_model`) loads beside the model that answers.
+fn llama_backend(verbose: bool) -> Result<&'static LlamaBackend> {
+    static BACKEND: std::sync::Mutex<Option<&'static LlamaBackend>> = std::sync::Mutex::new(None);
+    let mut slot = BACKEND.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(backend) = *slot {
+        return Ok(backend);
+    }
+    let mut backend = LlamaBackend::init()
+        .map_err(|e| CmplError::internal(format!("cannot start llama.cpp: {e}")))?;
+    if !verbose {
+        backend.void_logs();
+    }
+    let backend: &'static LlamaBackend = Box::leak(Box::new(backend));
+    *slot = Some(backend);
+    Ok(backend)
 }

@@ -409,7 +409,7 @@ impl Run<'_> {
         // a little differently, so the same greedy request would answer
         // differently at a near-tie depending on what came before it.
         let history = if self.exact {
-            self.engine.history()
+            self.engine.state.history()
         } else {
             Vec::new()
         };

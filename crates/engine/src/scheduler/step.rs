@@ -84,7 +84,9 @@ impl Run<'_> {
         }
         // Each step's size and time is evidence of what calls cost here.
         let secs = self.decode(ctx, batch, false)?;
-        self.engine.record_call(batch.n_tokens() as usize, secs);
+        self.engine
+            .state
+            .record_call(batch.n_tokens() as usize, secs);
         for &(seq, pos, _) in &ballast {
             ctx.clear_kv_cache_seq(Some(seq as u32), Some(pos as u32), None)
                 .map_err(|e| CmplError::internal(format!("KV removal: {e}")))?;
@@ -166,7 +168,7 @@ impl Run<'_> {
         // deterministic mode, with ballast), and there each stream's pass
         // stays under 64 tokens, where llama.cpp's attention would switch to
         // tiles that span several streams' rows.
-        let cost = |n| engine.call_cost(n);
+        let cost = |n| engine.state.call_cost(n);
         let k = match (together, self.exact) {
             (false, _) => 0,
             (true, true) => {
@@ -342,7 +344,7 @@ impl Run<'_> {
         // Finished: its sequence is freed once the job's cells are back in
         // the pool (so that its own can stay, with the prefix cache).
         if let (Some(d), true) = (&c.drafter, self.exact) {
-            self.engine.remember(d.answer());
+            self.engine.state.remember(d.answer());
         }
         state.choices[c.index as usize] = Some(ChoiceResult {
             index: c.index,

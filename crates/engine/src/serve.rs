@@ -1,0 +1,110 @@
+//! The server's side of the engine: requests admitted as they arrive, each
+//! in a slot of its own.
+
+use crate::memory::KvShape;
+use crate::scheduler::{Fed, Layout};
+use crate::{Cells, Engine, MAX_EXACT_SLOTS};
+use cmpl_core::backend::{Event, Sink};
+use cmpl_core::error::{CmplError, ErrorKind, Result};
+use cmpl_core::request::Request;
+use std::sync::atomic::AtomicBool;
+
+/// What the server hands the engine next.
+pub enum Arrival {
+    /// A request to answer.
+    Request {
+        request: Box<Request>,
+        /// Its stream reports each token's logprob.
+        token_logprobs: bool,
+        /// For a resident's caller, the cells the request would have in
+        /// the caller's own run: it is answered as there (the same room,
+        /// the same errors), or refused as `Unfit` where a slot here holds
+        /// less.
+        caller_cells: Option<Cells>,
+    },
+    /// None waiting.
+    Empty,
+    /// The server stopped taking requests.
+    Closed,
+}
+
+/// KV cells per slot when serving without --ctx-size.
+const SERVE_CELLS_PER_SLOT: u32 = 4096;
+
+impl Engine {
+    /// Serves requests as `next` hands them over (it waits for one only when
+    /// its flag says the engine is idle), numbering them 0, 1, 2… in arrival
+    /// order, in `parallel` slots of an equal share of the context's cells
+    /// each (a slot's attention spans its own cells only, as llama-server's
+    /// `-np` slots: independent requests decode faster than in one shared
+    /// pool), until `next` closes and every request is done. A request is
+    /// admitted as slots free up, as in `--batch`.
+    pub fn serve(
+        &self,
+        parallel: u32,
+        ctx_size: Option<u32>,
+        next: &mut dyn FnMut(bool) -> Arrival,
+        interrupted: &AtomicBool,
+        sink: &mut Sink,
+    ) -> Result<()> {
+        if self.deterministic && parallel > MAX_EXACT_SLOTS {
+            return Err(CmplError::invalid(
+                "parallel",
+                format!("--deterministic keeps one of llama.cpp's 256 sequences for itself: give --parallel {MAX_EXACT_SLOTS} or fewer"),
+            ));
+        }
+        let cells = ctx_size.unwrap_or_else(|| {
+            parallel.saturating_mul(SERVE_CELLS_PER_SLOT.min(self.n_ctx_train()))
+        });
+        let shape = KvShape {
+            cells,
+            seqs: parallel,
+            layout: Layout::PerSlot,
+            shared: false,
+            exact: self.deterministic,
+        };
+        self.check_memory(shape)?;
+        let mut index = 0;
+        let mut feed = |wait: bool, sink: &mut Sink| loop {
+            if wait {
+                // Idle: what the requests measured joins the runs' pool now
+                // (the curve this server plans by stays as it started).
+                self.state.save_costs(false);
+            }
+            let (request, token_logprobs, alone) = match next(wait) {
+                Arrival::Request {
+                    request,
+                    token_logprobs,
+                    caller_cells,
+                } => (*request, token_logprobs, caller_cells),
+                Arrival::Empty => return Ok(Fed::Empty),
+                Arrival::Closed => return Ok(Fed::Closed),
+            };
+            let job = index;
+            index += 1;
+            let slot = (cells / parallel).min(self.n_ctx_train());
+            let prepared = match alone {
+                None => self.prepare(request, Cells::Slot(slot), token_logprobs),
+                Some(alone) => self.prepare(request, alone, token_logprobs).and_then(|job| {
+                    let fits = job.request.n <= parallel
+                        && job.tokens.len() as u32 + job.budget <= slot;
+                    if fits {
+                        Ok(job)
+                    } else {
+                        Err(CmplError::new(
+                            ErrorKind::Unfit,
+                            format!("the request needs more than a slot here ({slot} cells, {parallel} slots)"),
+                        ))
+                    }
+                }),
+            };
+            match prepared {
+                Ok(prepared) => return Ok(Fed::Job(job, Box::new(prepared))),
+                Err(error) => sink(Event::Rejected { job, error })?,
+            }
+        };
+        let done = self.decode_all(Vec::new(), &mut feed, shape, interrupted, sink);
+        self.state.save_costs(self.verbose);
+        done
+    }
+}
