@@ -14,6 +14,19 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::Path;
 
+/// What a valid line's response needs of its request.
+struct Line {
+    /// Its place among the non-blank lines, and its line number.
+    index: usize,
+    number: usize,
+    header: ResponseHeader,
+    /// The prompt, when echoed (a chat's as its template rendered it).
+    echoed: Option<String>,
+    logprobs: Option<u32>,
+    /// The request, where a safety model judges its answers.
+    guarded: Option<Request>,
+}
+
 /// Reads the lines of `file` (stdin for `None` or `-`), skipping blank ones.
 pub fn read_lines(file: Option<&Path>) -> Result<Vec<(usize, String)>> {
     let reader: Box<dyn BufRead> = match file {
@@ -57,9 +70,6 @@ pub fn run(inv: &Invocation, config: &Config, file: Option<&Path>) -> Result<boo
         ready: BTreeMap::new(),
         failed: false,
     };
-    // Per valid line: its index and number, its response header, its prompt
-    // if echoed, its logprobs (what its response needs of the request), and
-    // the request itself where a safety model judges its answers.
     let mut requests = Vec::new();
     let mut meta = Vec::new();
     let mut guards = HashMap::new();
@@ -80,7 +90,14 @@ pub fn run(inv: &Invocation, config: &Config, file: Option<&Path>) -> Result<boo
                 header.model = request.model.clone().unwrap_or_else(|| model.clone());
                 let echoed = request.echo.then(|| request.prompt.clone());
                 let guarded = request.safety_model.is_some().then(|| request.clone());
-                meta.push((i, *number, header, echoed, request.logprobs, guarded));
+                meta.push(Line {
+                    index: i,
+                    number: *number,
+                    header,
+                    echoed,
+                    logprobs: request.logprobs,
+                    guarded,
+                });
                 requests.push(request);
             }
             Err(e) => out.fail(i, *number, e),
@@ -104,7 +121,11 @@ pub fn run(inv: &Invocation, config: &Config, file: Option<&Path>) -> Result<boo
         match event {
             Event::Token { .. } => progress.token(),
             Event::Rejected { job, error } => {
-                let (line, number, ..) = &meta[job];
+                let Line {
+                    index: line,
+                    number,
+                    ..
+                } = &meta[job];
                 out.fail(*line, *number, error);
                 out.write_ready()?;
                 progress.done();
@@ -113,7 +134,14 @@ pub fn run(inv: &Invocation, config: &Config, file: Option<&Path>) -> Result<boo
                 drafts.add(result.drafts);
                 reused += u64::from(result.reused);
                 prompt_tokens += u64::from(result.prompt_tokens);
-                let (line, number, header, echoed, logprobs, guarded) = &meta[job];
+                let Line {
+                    index: line,
+                    number,
+                    header,
+                    echoed,
+                    logprobs,
+                    guarded,
+                } = &meta[job];
                 if let Some(request) = guarded {
                     let guard = &guards[request.safety_model.as_deref().unwrap_or_default()];
                     if let Err(e) = guard.check_answers(request, &result) {
@@ -141,7 +169,7 @@ pub fn run(inv: &Invocation, config: &Config, file: Option<&Path>) -> Result<boo
                 ..
             } => {
                 // A chat's echo is its prompt as the template rendered it.
-                if let Some(echoed) = &mut meta[job].3 {
+                if let Some(echoed) = &mut meta[job].echoed {
                     *echoed = rendered.to_string();
                 }
             }

@@ -343,7 +343,7 @@ impl Backend for Resident {
                     let ask = wire::Ask {
                         request,
                         token_logprobs: opts.token_logprobs,
-                        cells,
+                        cells: cells.into(),
                     };
                     asked.insert(job, serde_json::to_vec(&ask).map_err(std::io::Error::from)?);
                     waiting.push_back(job);

@@ -614,7 +614,7 @@ async fn run_for_caller(req: hyper::Request<Incoming>, shared: &Shared) -> Respo
         return error(status, &e);
     };
     let caller = worker::Caller {
-        cells: ask.cells,
+        cells: ask.cells.into(),
         token_logprobs: ask.token_logprobs,
     };
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();

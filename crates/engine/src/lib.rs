@@ -111,7 +111,7 @@ struct Job {
 }
 
 /// What bounds a job's KV cells besides the model's window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cells {
     /// Nothing: the context is sized to the jobs.
     Any,
