@@ -148,7 +148,7 @@ fn the_core_has_no_llama_cpp_and_the_engine_no_face() {
             "{gpu}"
         );
         assert!(
-            engine.contains(&format!("{gpu} = [\"llama-cpp-2/{gpu}\"]")),
+            engine.contains(&format!("{gpu} = [\"llama-cpp-2/{gpu}\"")),
             "{gpu}"
         );
     }

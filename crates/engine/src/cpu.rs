@@ -3,6 +3,9 @@
 /// The instruction sets llama.cpp's CPU kernels were compiled for, as its
 /// own system info names them (`AVX2`, `AVX512`, `NEON`, `DOTPROD`, `SVE`…).
 pub fn cpu_features() -> Vec<String> {
+    // A build whose backends load at run time names them once loaded.
+    #[cfg(feature = "cuda")]
+    let _ = crate::load::llama_backend(false);
     // SAFETY: returns a static NUL-terminated string owned by llama.cpp.
     let info = unsafe {
         let text = llama_cpp_sys_2::llama_print_system_info();
