@@ -13,18 +13,25 @@ const NOTE: &str = "cmpl: no GPU device found; running on the CPU (-ngl 0 silenc
 
 /// The CUDA build's binary: `$CMPL_CUDA_BIN`, else where build-cuda puts it.
 fn cuda_binary() -> Result<PathBuf, String> {
-    let path = std::env::var_os("CMPL_CUDA_BIN").map(PathBuf::from).unwrap_or_else(|| {
-        let cache = std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache"));
-        cache.join("cmpl-build/target-cuda/release/cmpl-cuda/cmpl")
-    });
+    let path = std::env::var_os("CMPL_CUDA_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let cache = std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache"));
+            cache.join("cmpl-build/target-cuda/release/cmpl-cuda/cmpl")
+        });
     if !path.is_file() {
-        return Err(format!("no CUDA build at {} (scripts/build-cuda makes one)", path.display()));
+        return Err(format!(
+            "no CUDA build at {} (scripts/build-cuda makes one)",
+            path.display()
+        ));
     }
     let driver = Command::new("/sbin/ldconfig").arg("-p").output().ok();
     if driver.is_some_and(|o| String::from_utf8_lossy(&o.stdout).contains("libcuda.so")) {
-        return Err("this machine has an NVIDIA driver: the no-driver check needs one without".into());
+        return Err(
+            "this machine has an NVIDIA driver: the no-driver check needs one without".into(),
+        );
     }
     Ok(path)
 }
@@ -61,7 +68,15 @@ fn the_cuda_build_answers_on_the_cpu_without_a_driver() {
     assert_eq!(code, 0);
     assert!(version.contains("GPU backends: cuda"), "{version}");
     for prompt in ["The capital of France is", "def fibonacci(n):"] {
-        let args = [prompt, "--max-tokens", "24", "--temperature", "0", "--lookup", "0"];
+        let args = [
+            prompt,
+            "--max-tokens",
+            "24",
+            "--temperature",
+            "0",
+            "--lookup",
+            "0",
+        ];
         let cpu = cmpl(&args).run();
         for ngl in [None, Some("99")] {
             let mut with = args.to_vec();
