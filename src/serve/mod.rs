@@ -971,12 +971,7 @@ impl Drop for InFlight {
 /// and what this server can take (`n` within its slots).
 fn parse(body: &[u8], shared: &Shared) -> std::result::Result<Vec<Request>, Refusal> {
     let bad = |e: CmplError| (StatusCode::BAD_REQUEST, e);
-    let text = std::str::from_utf8(body).map_err(|_| {
-        bad(CmplError::invalid(
-            "request",
-            "the request body is not UTF-8",
-        ))
-    })?;
+    let text = utf8(body)?;
     let raw = shared
         .defaults
         .clone()
@@ -998,16 +993,20 @@ fn parse(body: &[u8], shared: &Shared) -> std::result::Result<Vec<Request>, Refu
     Ok(requests)
 }
 
+fn utf8(body: &[u8]) -> std::result::Result<&str, Refusal> {
+    std::str::from_utf8(body).map_err(|_| {
+        (
+            StatusCode::BAD_REQUEST,
+            CmplError::invalid("request", "the request body is not UTF-8"),
+        )
+    })
+}
+
 /// A chat body as one validated request over the config's defaults, and
 /// whether its stream ends with a usage chunk.
 fn parse_chat(body: &[u8], shared: &Shared) -> std::result::Result<(Request, bool), Refusal> {
     let bad = |e: CmplError| (StatusCode::BAD_REQUEST, e);
-    let text = std::str::from_utf8(body).map_err(|_| {
-        bad(CmplError::invalid(
-            "request",
-            "the request body is not UTF-8",
-        ))
-    })?;
+    let text = utf8(body)?;
     let (raw, usage) = chat::request(text).map_err(bad)?;
     Ok((one(&shared.defaults.clone().overlay(raw), shared)?, usage))
 }

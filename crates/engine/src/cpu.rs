@@ -5,7 +5,7 @@
 pub fn cpu_features() -> Vec<String> {
     // A build whose backends load at run time names them once loaded.
     #[cfg(feature = "cuda")]
-    let _ = crate::load::llama_backend(false);
+    let _ = crate::llama::backend(false);
     // SAFETY: returns a static NUL-terminated string owned by llama.cpp.
     let info = unsafe {
         let text = llama_cpp_sys_2::llama_print_system_info();

@@ -16,6 +16,7 @@ mod costs;
 mod cpu;
 mod draw;
 mod guide;
+mod llama;
 mod load;
 mod logprobs;
 mod lookup;
