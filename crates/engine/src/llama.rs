@@ -1,4 +1,4 @@
-//! llama.cpp itself, started once per process, its backends loaded.
+//! llama.cpp itself, started once per process.
 
 use cmpl_core::error::{CmplError, Result};
 use llama_cpp_2::llama_backend::LlamaBackend;
@@ -11,40 +11,27 @@ pub(crate) fn backend(verbose: bool) -> Result<&'static LlamaBackend> {
     if let Some(backend) = *slot {
         return Ok(backend);
     }
-    let mut backend = LlamaBackend::init()
-        .map_err(|e| CmplError::internal(format!("cannot start llama.cpp: {e}")))?;
     if !verbose {
-        backend.void_logs();
+        // Quiet from the start: a build whose backends load at run time
+        // (the CUDA build: docs/gpu.md) loads them as llama.cpp starts, from
+        // the folder the build made, else beside the binary.
+        silence();
     }
-    load_backends();
+    let backend = LlamaBackend::init()
+        .map_err(|e| CmplError::internal(format!("cannot start llama.cpp: {e}")))?;
     let backend: &'static LlamaBackend = Box::leak(Box::new(backend));
     *slot = Some(backend);
     Ok(backend)
 }
 
-/// The CUDA build's llama.cpp loads its backends at run time
-/// (`GGML_BACKEND_DL`): the CPU's best variant, and CUDA where the driver
-/// and the CUDA libraries load, so one binary runs with or without a GPU.
-/// They are looked for beside the binary (where `scripts/build-cuda` puts
-/// them), else where the build left them.
-#[cfg(feature = "cuda")]
-fn load_backends() {
-    use llama_cpp_2::llama_backend::{load_backends as built, load_backends_from_path};
-    let has_cpu = |dir: &std::path::Path| {
-        std::fs::read_dir(dir).is_ok_and(|mut d| {
-            d.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with("libggml-cpu")))
-        })
-    };
-    let beside = std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.parent().map(std::path::Path::to_path_buf))
-        .filter(|dir| has_cpu(dir));
-    match beside {
-        Some(dir) => load_backends_from_path(&dir),
-        None => built(),
+/// llama.cpp's (and ggml's) log, voided.
+fn silence() {
+    unsafe extern "C" fn void(
+        _level: llama_cpp_sys_2::ggml_log_level,
+        _text: *const std::os::raw::c_char,
+        _data: *mut std::os::raw::c_void,
+    ) {
     }
+    // SAFETY: a callback that ignores its arguments; no user data.
+    unsafe { llama_cpp_sys_2::llama_log_set(Some(void), std::ptr::null_mut()) };
 }
-
-/// Other builds link their backends in.
-#[cfg(not(feature = "cuda"))]
-fn load_backends() {}
