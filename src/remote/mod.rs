@@ -392,20 +392,13 @@ fn render_chat(mut request: Request) -> Result<Request> {
     let Some(chat) = &request.chat else {
         return Ok(request);
     };
-    let Some(source) = &chat.template else {
+    let Some(source) = chat.template.clone() else {
         return Err(CmplError::invalid(
             "chat_template",
             "--chat with --base-url needs the template as a file: the server's model's own template cannot be read from here; give --chat-template FILE, or format the prompt yourself",
         ));
     };
-    let specials = crate::template::Specials::default();
-    let prompt = crate::template::render(source, &chat.messages, specials)?;
-    if let Some(end) = crate::template::end_of_turn(source, specials) {
-        if !request.stop.contains(&end) {
-            request.stop.push(end);
-        }
-    }
-    request.prompt = prompt;
+    request.render_chat(&source, crate::template::Specials::default())?;
     Ok(request)
 }
 

@@ -3,7 +3,7 @@
 
 use crate::constraint::{self, Constraint};
 use crate::error::{CmplError, Result};
-use crate::template::Message;
+use crate::template::{self, Message, Specials};
 use serde_json::{Map, Value};
 
 /// Defaults for fields the request leaves out (documented in `--help` and the man page).
@@ -433,6 +433,25 @@ fn messages(raw: &RawRequest) -> Result<Option<Vec<Message>>> {
         out.push(Message { role, content });
     }
     Ok(Some(out))
+}
+
+impl Request {
+    /// A chat request as its model reads it: the conversation rendered by
+    /// the template `source` into the prompt, and the template's end of turn
+    /// a stop, for a model that writes it as text. Nothing for other requests.
+    pub fn render_chat(&mut self, source: &str, specials: Specials) -> Result<()> {
+        let Some(chat) = &self.chat else {
+            return Ok(());
+        };
+        let prompt = template::render(source, &chat.messages, specials)?;
+        if let Some(end) = template::end_of_turn(source, specials) {
+            if !self.stop.contains(&end) {
+                self.stop.push(end);
+            }
+        }
+        self.prompt = prompt;
+        Ok(())
+    }
 }
 
 fn json_kind(v: &Value) -> String {

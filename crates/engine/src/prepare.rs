@@ -72,8 +72,8 @@ impl Engine {
             return Ok(request);
         };
         let source = match (&chat.template, self.info.get_str("tokenizer.chat_template")) {
-            (Some(given), _) => given.as_str(),
-            (None, Some(own)) => own,
+            (Some(given), _) => given.clone(),
+            (None, Some(own)) => own.to_string(),
             (None, None) => {
                 return Err(CmplError::invalid(
                     "chat_template",
@@ -96,13 +96,7 @@ impl Engine {
             bos: &bos,
             eos: &eos,
         };
-        let prompt = cmpl_core::template::render(source, &chat.messages, specials)?;
-        if let Some(end) = cmpl_core::template::end_of_turn(source, specials) {
-            if !request.stop.contains(&end) {
-                request.stop.push(end);
-            }
-        }
-        request.prompt = prompt;
+        request.render_chat(&source, specials)?;
         Ok(request)
     }
 
