@@ -328,6 +328,12 @@ pub struct Cli {
     #[arg(long, requires = "serve", help_heading = "Server")]
     pub strict_model: bool,
 
+    /// With --serve: take a chat template in a request body (`chat_template`). A
+    /// template is a program the server runs, so by default only the model's own and
+    /// --chat-template's are used, and a request that sends one is refused (400).
+    #[arg(long, requires = "serve", help_heading = "Server")]
+    pub trust_request_templates: bool,
+
     /// With --serve: on SIGINT/SIGTERM, seconds the requests in flight may take to
     /// finish before they are cancelled, 0..86400 [default: 300].
     #[arg(long, value_name = "SECS", requires = "serve", value_parser = clap::value_parser!(u64).range(0..=86400), help_heading = "Server")]
@@ -479,6 +485,7 @@ impl Cli {
                 parallel: self.parallel.or(from_config.parallel).unwrap_or(4),
                 ctx_size: self.ctx_size.or(from_config.ctx_size),
                 strict_model: self.strict_model,
+                trust_request_templates: self.trust_request_templates,
                 drain: std::time::Duration::from_secs(
                     self.drain_timeout
                         .unwrap_or(crate::options::DEFAULT_DRAIN_SECS),

@@ -12,7 +12,8 @@
 //! the core alone: docs/architecture.md.
 
 pub use cmpl_core::{
-    api, backend, constraint, error, gguf, grammar, printer, random, request, stop, template,
+    api, backend, chat_body, constraint, error, gguf, grammar, printer, random, request, sandbox,
+    stop, template,
 };
 pub use cmpl_engine as engine;
 

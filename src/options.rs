@@ -121,6 +121,8 @@ pub struct ServeOptions {
     pub ctx_size: Option<u32>,
     /// Answer a request naming another model with 404 instead of serving it.
     pub strict_model: bool,
+    /// Take a template in a request body (`--trust-request-templates`).
+    pub trust_request_templates: bool,
     /// How long a shutdown waits for the requests in flight.
     pub drain: Duration,
     /// Leave after this long without a request (`--keep-alive`).

@@ -12,10 +12,37 @@ use crate::request::{RawRequest, Request};
 use crate::signal::INTERRUPTED;
 use crate::template::Message;
 use serde_json::json;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-/// Tokens a verdict may take: `unsafe` and a list of categories.
+/// Tokens a verdict may take: `unsafe` and a list of categories. A guard
+/// that talks on is cut here, and what it said is read as any verdict is.
 const VERDICT_TOKENS: u32 = 24;
+
+/// Seconds a verdict may take unless `CMPL_SAFETY_TIMEOUT` says otherwise:
+/// a guard reads the whole conversation, and on a CPU a large one is slow,
+/// so the bound is a hang's, not a judgement of speed. Past it the answer
+/// is withheld (fail closed).
+const VERDICT_SECONDS: f64 = 300.0;
+
+fn verdict_deadline() -> Result<std::time::Duration> {
+    let Some(given) = std::env::var_os("CMPL_SAFETY_TIMEOUT") else {
+        return Ok(std::time::Duration::from_secs_f64(VERDICT_SECONDS));
+    };
+    given
+        .to_str()
+        .and_then(|s| s.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0 && *s <= 86_400.0)
+        .map(std::time::Duration::from_secs_f64)
+        .ok_or_else(|| {
+            CmplError::invalid(
+                "CMPL_SAFETY_TIMEOUT",
+                format!(
+                    "CMPL_SAFETY_TIMEOUT is {given:?}; give the seconds a verdict may take, a number above 0 up to 86400"
+                ),
+            )
+        })
+}
 
 /// A guard's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,17 +154,47 @@ impl Guard {
         let opts = RunOptions::default();
         let mut answer = None;
         let mut refused = None;
-        self.backend
-            .run(vec![request], &opts, &INTERRUPTED, &mut |event| {
-                match event {
-                    Event::Done { result, .. } => {
-                        answer = result.choices.into_iter().next().map(|c| c.text)
+        // The run ends at SIGINT or at the deadline, whichever comes first.
+        let deadline = started + verdict_deadline()?;
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let done = std::sync::Arc::new(AtomicBool::new(false));
+        let timer = {
+            let (stop, done) = (stop.clone(), done.clone());
+            std::thread::spawn(move || {
+                while !done.load(Ordering::SeqCst) {
+                    if INTERRUPTED.load(Ordering::SeqCst) || Instant::now() >= deadline {
+                        stop.store(true, Ordering::SeqCst);
+                        return;
                     }
-                    Event::Rejected { error, .. } => refused = Some(error),
-                    _ => {}
+                    std::thread::sleep(std::time::Duration::from_millis(5));
                 }
-                Ok(())
-            })?;
+            })
+        };
+        let ran = self.backend.run(vec![request], &opts, &stop, &mut |event| {
+            match event {
+                Event::Done { result, .. } => {
+                    answer = result.choices.into_iter().next().map(|c| c.text)
+                }
+                Event::Rejected { error, .. } => refused = Some(error),
+                _ => {}
+            }
+            Ok(())
+        });
+        done.store(true, Ordering::SeqCst);
+        let _ = timer.join();
+        let over_time = stop.load(Ordering::SeqCst) && !INTERRUPTED.load(Ordering::SeqCst);
+        if over_time {
+            return Err(CmplError::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "the safety model {} gave no verdict on the {what} within {:.0} s (CMPL_SAFETY_TIMEOUT); nothing is shown",
+                    self.name,
+                    deadline.duration_since(started).as_secs_f64()
+                ),
+            )
+            .with_param("safety_model"));
+        }
+        ran?;
         if let Some(e) = refused {
             return Err(CmplError {
                 message: format!("safety model {}: {}", self.name, e.message),

@@ -398,7 +398,11 @@ fn render_chat(mut request: Request) -> Result<Request> {
             "--chat with --base-url needs the template as a file: the server's model's own template cannot be read from here; give --chat-template FILE, or format the prompt yourself",
         ));
     };
-    request.render_chat(&source, crate::template::Specials::default())?;
+    request.render_chat(
+        &source,
+        crate::template::Specials::default(),
+        crate::template::DEFAULT_LIMIT,
+    )?;
     Ok(request)
 }
 

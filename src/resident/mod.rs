@@ -177,6 +177,8 @@ impl Resident {
         cmd.arg("--serve")
             .arg(listen)
             .arg(format!("--keep-alive={}s", self.keep_alive.as_secs()))
+            // The caller is this user, whose templates are their own.
+            .arg("--trust-request-templates")
             .arg("-m")
             .arg(std::fs::canonicalize(&model.path).unwrap_or_else(|_| model.path.clone()))
             .args(load_flags(&self.runtime))

@@ -52,6 +52,10 @@ struct Shared {
     model: String,
     key: Option<String>,
     strict_model: bool,
+    trust_request_templates: bool,
+    /// Listening on a Unix socket: cmpl's callers (`wire::RUN`) are heard,
+    /// since their requests arrive validated by the caller's own process.
+    callers: bool,
     defaults: RawRequest,
     submit: std::sync::Mutex<mpsc::Sender<Submission>>,
     in_flight: Arc<AtomicUsize>,
@@ -98,6 +102,8 @@ pub fn run(
         model: model.clone(),
         key,
         strict_model: opts.strict_model,
+        trust_request_templates: opts.trust_request_templates,
+        callers: matches!(opts.listen, Listen::Unix(_)),
         defaults: config.request.clone(),
         submit: std::sync::Mutex::new(submit),
         in_flight: Arc::new(AtomicUsize::new(0)),
@@ -564,6 +570,12 @@ async fn route(req: hyper::Request<Incoming>, shared: &Shared) -> Response {
         );
     }
     if path == wire::RUN {
+        if !shared.callers {
+            return error(
+                StatusCode::NOT_FOUND,
+                &CmplError::invalid("path", format!("no route {path} on a TCP listener; the API is POST /v1/completions, POST /v1/chat/completions and GET /v1/models")),
+            );
+        }
         return run_for_caller(req, shared).await;
     }
     complete(req, shared).await
@@ -609,6 +621,15 @@ async fn run_for_caller(req: hyper::Request<Incoming>, shared: &Shared) -> Respo
         }
     };
     drop(body);
+    let template = ask
+        .request
+        .chat
+        .as_ref()
+        .is_some_and(|c| c.template.is_some());
+    if template && !shared.trust_request_templates {
+        let e = CmplError::invalid("chat_template", "this server does not run templates sent in requests; it is started with --trust-request-templates to take them");
+        return error(StatusCode::BAD_REQUEST, &e);
+    }
     let Some(mut places) = InFlight::reserve(shared, 1) else {
         let (status, e) = busy("the server is busy: too many requests waiting; retry later");
         return error(status, &e);
@@ -972,10 +993,9 @@ impl Drop for InFlight {
 fn parse(body: &[u8], shared: &Shared) -> std::result::Result<Vec<Request>, Refusal> {
     let bad = |e: CmplError| (StatusCode::BAD_REQUEST, e);
     let text = utf8(body)?;
-    let raw = shared
-        .defaults
-        .clone()
-        .overlay(RawRequest::from_json(text, "the request body").map_err(bad)?);
+    let body = RawRequest::from_json(text, "the request body").map_err(bad)?;
+    untrusted_templates(&body, shared)?;
+    let raw = shared.defaults.clone().overlay(body);
     // A list takes one queue place per prompt, so it is bounded by the queue.
     let Some(each) = raw.prompts(shared.queue_limit).map_err(bad)? else {
         return Ok(vec![one(&raw, shared)?]);
@@ -1008,7 +1028,26 @@ fn parse_chat(body: &[u8], shared: &Shared) -> std::result::Result<(Request, boo
     let bad = |e: CmplError| (StatusCode::BAD_REQUEST, e);
     let text = utf8(body)?;
     let (raw, usage) = chat::request(text).map_err(bad)?;
+    untrusted_templates(&raw, shared)?;
     Ok((one(&shared.defaults.clone().overlay(raw), shared)?, usage))
+}
+
+/// A template in a request body is a program the server would run for a
+/// stranger: refused unless the operator trusts its clients' templates.
+fn untrusted_templates(body: &RawRequest, shared: &Shared) -> std::result::Result<(), Refusal> {
+    if shared.trust_request_templates {
+        return Ok(());
+    }
+    match crate::request::TEMPLATE_FIELDS.iter().find(|f| body.get(f).is_some()) {
+        Some(field) => Err((
+            StatusCode::BAD_REQUEST,
+            CmplError::invalid(
+                field,
+                format!("`{field}`: this server does not run templates sent in requests (a template is a program); leave it out to use the model's own, or the operator starts the server with --trust-request-templates"),
+            ),
+        )),
+        None => Ok(()),
+    }
 }
 
 fn one(raw: &RawRequest, shared: &Shared) -> std::result::Result<Request, Refusal> {

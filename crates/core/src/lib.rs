@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod backend;
+pub mod chat_body;
 pub mod constraint;
 pub mod error;
 pub mod gguf;
@@ -14,5 +15,6 @@ pub mod model;
 pub mod printer;
 pub mod random;
 pub mod request;
+pub mod sandbox;
 pub mod stop;
 pub mod template;

@@ -56,8 +56,21 @@ pub const COMPAT_FIELDS: &[&str] = &["user", "stream_options", "best_of", "suffi
 /// whole conversation in place of `prompt` (the chat endpoint's).
 pub const CHAT_FIELDS: &[&str] = &["chat", "system", "chat_template", "messages"];
 
+/// Fields that carry a template, a program the renderer runs: a server
+/// takes them only from an operator who trusts its clients
+/// (`--trust-request-templates`).
+pub const TEMPLATE_FIELDS: &[&str] = &["chat_template"];
+
 /// Bounds on a conversation: its turns, and a template given in a request.
 pub const MAX_MESSAGES: usize = 1024;
+/// The text of a conversation, all messages together: a stranger's bytes a
+/// template walks and the tokenizer reads (a server's body is at most 8 MiB).
+pub const MAX_CONVERSATION_BYTES: usize = 4 << 20;
+/// Text parts of one message's content, and of a conversation.
+pub const MAX_PARTS: usize = 256;
+pub const MAX_ALL_PARTS: usize = 4096;
+/// A message's `name` (OpenAI's own bound).
+pub const MAX_NAME_BYTES: usize = 64;
 pub const MAX_TEMPLATE_BYTES: usize = 256 << 10;
 
 impl RawRequest {
@@ -366,6 +379,7 @@ fn messages(raw: &RawRequest) -> Result<Option<Vec<Message>>> {
         );
     }
     let mut out = Vec::with_capacity(items.len());
+    let (mut bytes, mut parts_seen) = (0usize, 0usize);
     for (i, item) in items.iter().enumerate() {
         let Value::Object(m) = item else {
             return bad(
@@ -396,9 +410,32 @@ fn messages(raw: &RawRequest) -> Result<Option<Vec<Message>>> {
             };
             return bad(format!("[{i}].{key}"), &what);
         }
+        match m.get("name") {
+            None => {}
+            Some(Value::String(name)) if name.len() <= MAX_NAME_BYTES && !name.contains('\0') => {}
+            Some(Value::String(_)) => {
+                return bad(
+                    format!("[{i}].name"),
+                    &format!("is over {MAX_NAME_BYTES} bytes or holds a NUL; give a short name"),
+                )
+            }
+            Some(other) => {
+                return bad(
+                    format!("[{i}].name"),
+                    &format!("must be a string, not {}", json_kind(other)),
+                )
+            }
+        }
         let content = match m.get("content") {
             Some(Value::String(s)) => s.clone(),
             Some(Value::Array(parts)) => {
+                parts_seen += parts.len();
+                if parts.len() > MAX_PARTS || parts_seen > MAX_ALL_PARTS {
+                    return bad(
+                        format!("[{i}].content"),
+                        &format!("has {} parts; a message takes at most {MAX_PARTS}, a conversation {MAX_ALL_PARTS}: join the text", parts.len()),
+                    );
+                }
                 let mut text = String::new();
                 for (j, part) in parts.iter().enumerate() {
                     match (part.get("type").and_then(Value::as_str), part.get("text")) {
@@ -430,6 +467,22 @@ fn messages(raw: &RawRequest) -> Result<Option<Vec<Message>>> {
             }
             None => return bad(format!("[{i}]"), "has no `content`"),
         };
+        bytes += content.len();
+        if bytes > MAX_CONVERSATION_BYTES {
+            return bad(
+                String::new(),
+                &format!(
+                    "holds over {} MiB of text; a conversation is at most that",
+                    MAX_CONVERSATION_BYTES >> 20
+                ),
+            );
+        }
+        if content.contains('\0') {
+            return bad(
+                format!("[{i}].content"),
+                "holds a NUL character (\\u0000); remove it",
+            );
+        }
         out.push(Message { role, content });
     }
     Ok(Some(out))
@@ -439,17 +492,19 @@ impl Request {
     /// A chat request as its model reads it: the conversation rendered by
     /// the template `source` into the prompt, and the template's end of turn
     /// a stop, for a model that writes it as text. Nothing for other requests.
-    pub fn render_chat(&mut self, source: &str, specials: Specials) -> Result<()> {
+    /// `limit` bounds the prompt's bytes (`template::BYTES_PER_TOKEN`).
+    pub fn render_chat(&mut self, source: &str, specials: Specials, limit: usize) -> Result<()> {
         let Some(chat) = &self.chat else {
             return Ok(());
         };
-        let prompt = template::render(source, &chat.messages, specials)?;
-        if let Some(end) = template::end_of_turn(source, specials) {
+        let rendered =
+            template::render(&template::Job::new(source, &chat.messages, specials, limit))?;
+        if let Some(end) = rendered.end_of_turn {
             if !self.stop.contains(&end) {
                 self.stop.push(end);
             }
         }
-        self.prompt = prompt;
+        self.prompt = rendered.prompt;
         Ok(())
     }
 }

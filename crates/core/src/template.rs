@@ -37,24 +37,99 @@ pub struct Specials<'a> {
 /// what a template given in a request can make the server do.
 const FUEL: u64 = 5_000_000;
 
-/// Renders `messages` with `source` and the generation prompt (the
-/// assistant's turn opened), as the model expects its input. An error names
-/// `chat_template` for a broken template, `messages` for a conversation the
-/// template refuses (its own `raise_exception` message).
-pub fn render(source: &str, messages: &[Message], specials: Specials) -> Result<String> {
-    render_with(source, messages, specials, true)
+/// Bytes a template may write where the model's context is not known (a
+/// remote server's): its prompt must still fit a context, and 4 MiB is
+/// over 130,000 tokens of text.
+pub const DEFAULT_LIMIT: usize = 4 << 20;
+
+/// Bytes of a rendered prompt per token of the model's context: a prompt
+/// longer than `context × 32` bytes cannot fit (a token's text is a few
+/// bytes, rarely over 16), so refusing it is never wrong.
+pub const BYTES_PER_TOKEN: usize = 32;
+
+/// One render: a template, the conversation it is given, the text of the
+/// special tokens, and the most bytes the prompt may have (`limit`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Job {
+    pub source: String,
+    pub messages: Vec<Message>,
+    pub bos: String,
+    pub eos: String,
+    pub limit: usize,
 }
 
-/// The text a template closes an assistant's turn with (`<|im_end|>`,
-/// `<|eot_id|>`, `<end_of_turn>`, `</s>`): where an answer ends when the
-/// model writes it as text rather than as its end-of-generation token.
-pub fn end_of_turn(source: &str, specials: Specials) -> Option<String> {
+impl Job {
+    pub fn new(source: &str, messages: &[Message], specials: Specials, limit: usize) -> Job {
+        Job {
+            source: source.to_string(),
+            messages: messages.to_vec(),
+            bos: specials.bos.to_string(),
+            eos: specials.eos.to_string(),
+            limit,
+        }
+    }
+}
+
+/// What a render gives: the prompt, with the generation prompt (the
+/// assistant's turn opened), and the text the template closes an
+/// assistant's turn with (`<|im_end|>`, `<|eot_id|>`, `<end_of_turn>`,
+/// `</s>`): where an answer ends when the model writes it as text rather
+/// than as its end-of-generation token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rendered {
+    pub prompt: String,
+    pub end_of_turn: Option<String>,
+}
+
+/// Renders `job` within its bounds: in a child process of its own where
+/// the binary has enabled one (`sandbox`: memory, time), else here. An
+/// error names `chat_template` for a broken or unbounded template,
+/// `messages` for a conversation the template refuses (its own
+/// `raise_exception` message).
+pub fn render(job: &Job) -> Result<Rendered> {
+    crate::sandbox::render(job)
+}
+
+/// Renders `job` in this process, bounded in steps and in the bytes it
+/// writes, not in what one step allocates: the sandbox's child runs this.
+pub fn render_here(job: &Job) -> Result<Rendered> {
+    let specials = Specials {
+        bos: &job.bos,
+        eos: &job.eos,
+    };
+    let prompt = render_with(&job.source, &job.messages, specials, true, job.limit)?;
+    Ok(Rendered {
+        prompt,
+        end_of_turn: end_of_turn(&job.source, specials),
+    })
+}
+
+fn end_of_turn(source: &str, specials: Specials) -> Option<String> {
     const MARK: &str = "\u{e000}cmpl-answer\u{e000}";
     let turns = [Message::new("user", "Hi"), Message::new("assistant", MARK)];
-    let text = render_with(source, &turns, specials, false).ok()?;
+    let text = render_with(source, &turns, specials, false, 64 << 10).ok()?;
     let (_, after) = text.split_once(MARK)?;
     let end = after.split_whitespace().next()?;
     (!end.contains('\u{e000}')).then(|| end.to_string())
+}
+
+/// Text written into a `Vec` until it would pass `limit` bytes.
+struct Bounded {
+    out: Vec<u8>,
+    limit: usize,
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.out.len() + buf.len() > self.limit {
+            return Err(std::io::Error::other("over the bound"));
+        }
+        self.out.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 fn render_with(
@@ -62,6 +137,7 @@ fn render_with(
     messages: &[Message],
     specials: Specials,
     generation_prompt: bool,
+    limit: usize,
 ) -> Result<String> {
     let mut env = Environment::new();
     env.set_trim_blocks(true);
@@ -86,23 +162,40 @@ fn render_with(
         bos_token => specials.bos,
         eos_token => specials.eos,
     };
-    template.render(ctx).map_err(|e| match e.kind() {
-        ErrorKind::InvalidOperation if e.detail().is_some_and(|d| d.starts_with(RAISED)) => {
-            let said = e.detail().unwrap_or_default().trim_start_matches(RAISED);
-            CmplError::invalid(
-                "messages",
-                format!("the chat template refuses this conversation: {said}"),
-            )
-        }
-        ErrorKind::OutOfFuel => CmplError::invalid(
-            "chat_template",
-            "the chat template runs too long (over 5 million steps); simplify it",
-        ),
-        _ => CmplError::invalid(
-            "chat_template",
-            format!("the chat template failed: {}", describe(&e)),
-        ),
-    })
+    let mut out = Bounded {
+        out: Vec::new(),
+        limit,
+    };
+    let done = template.render_captured_to(ctx, &mut out).map(drop);
+    match done {
+        Ok(()) => String::from_utf8(out.out).map_err(|_| {
+            CmplError::invalid("chat_template", "the chat template wrote text that is not UTF-8")
+        }),
+        Err(e) => Err(match e.kind() {
+            ErrorKind::InvalidOperation if e.detail().is_some_and(|d| d.starts_with(RAISED)) => {
+                let said = e.detail().unwrap_or_default().trim_start_matches(RAISED);
+                CmplError::invalid(
+                    "messages",
+                    format!("the chat template refuses this conversation: {said}"),
+                )
+            }
+            ErrorKind::OutOfFuel => CmplError::invalid(
+                "chat_template",
+                "the chat template runs too long (over 5 million steps); simplify it",
+            ),
+            ErrorKind::WriteFailure => CmplError::invalid(
+                "chat_template",
+                format!(
+                    "the chat template writes a prompt over its bound of {} bytes (the model's context in tokens × {BYTES_PER_TOKEN}); shorten the conversation or fix the template",
+                    limit
+                ),
+            ),
+            _ => CmplError::invalid(
+                "chat_template",
+                format!("the chat template failed: {}", describe(&e)),
+            ),
+        }),
+    }
 }
 
 /// Marks an error a template raised itself.
@@ -268,17 +361,43 @@ mod tests {
 
     const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
+    fn here(source: &str, messages: &[Message], specials: Specials) -> Result<Rendered> {
+        render_here(&Job::new(source, messages, specials, DEFAULT_LIMIT))
+    }
+
+    fn render(source: &str, messages: &[Message], specials: Specials) -> Result<String> {
+        here(source, messages, specials).map(|r| r.prompt)
+    }
+
+    #[test]
+    fn a_prompt_over_its_bound_is_refused_by_name() {
+        let job = Job::new(
+            "{% for i in range(1000) %}0123456789{% endfor %}",
+            &[],
+            Specials::default(),
+            5000,
+        );
+        let err = render_here(&job).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("chat_template"));
+        assert!(
+            err.message.contains("over its bound of 5000 bytes"),
+            "{err}"
+        );
+        let fits = Job {
+            limit: 10_000,
+            ..job
+        };
+        assert_eq!(render_here(&fits).unwrap().prompt.len(), 10_000);
+    }
+
     #[test]
     fn chatml_renders_with_the_generation_prompt_and_ends_its_turn() {
-        let text = render(CHATML, &[Message::new("user", "Hi")], Specials::default()).unwrap();
+        let done = here(CHATML, &[Message::new("user", "Hi")], Specials::default()).unwrap();
         assert_eq!(
-            text,
+            done.prompt,
             "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
         );
-        assert_eq!(
-            end_of_turn(CHATML, Specials::default()).as_deref(),
-            Some("<|im_end|>")
-        );
+        assert_eq!(done.end_of_turn.as_deref(), Some("<|im_end|>"));
     }
 
     #[test]

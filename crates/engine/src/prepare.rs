@@ -96,7 +96,11 @@ impl Engine {
             bos: &bos,
             eos: &eos,
         };
-        request.render_chat(&source, specials)?;
+        // No prompt longer than the model's context in bytes can be run.
+        let limit = (self.n_ctx_train() as usize)
+            .saturating_mul(cmpl_core::template::BYTES_PER_TOKEN)
+            .max(1 << 20);
+        request.render_chat(&source, specials, limit)?;
         Ok(request)
     }
 
