@@ -65,7 +65,18 @@ fn serve(
 ) -> crate::error::Result<()> {
     let named = inv.flags.get("model").and_then(|m| m.as_str());
     let (engine, name) = crate::load::local(named, config.model.as_deref(), &inv.runtime)?;
-    crate::serve::run(engine, name, config, &inv.runtime, opts)
+    // Request flags given at start are the server's defaults, over the
+    // config's, as they are a one-shot's (`--chat-template`, `--temperature`);
+    // what names the model or how this process prints is not a request's.
+    let mut flags = inv.flags.clone();
+    for face in ["model", "prompt", "stream"] {
+        flags.fields.remove(face);
+    }
+    let config = crate::config::Config {
+        request: config.request.clone().overlay(flags),
+        ..config.clone()
+    };
+    crate::serve::run(engine, name, &config, &inv.runtime, opts)
 }
 
 fn models_dir() -> crate::error::Result<()> {

@@ -39,8 +39,14 @@ fn cuda_binary() -> Result<PathBuf, String> {
 /// The CUDA build, run as a stranger's shell would: nothing on PATH but
 /// /usr/bin:/bin, no LD_LIBRARY_PATH, the test model.
 fn cuda(bin: &PathBuf, args: &[&str]) -> (i32, String, String) {
+    cuda_in(bin, &std::env::current_dir().unwrap(), args)
+}
+
+/// `cuda`, run in the folder `dir`.
+fn cuda_in(bin: &PathBuf, dir: &std::path::Path, args: &[&str]) -> (i32, String, String) {
     let out = Command::new(bin)
         .args(args)
+        .current_dir(dir)
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
         .env("HOME", std::env::var_os("HOME").unwrap())
@@ -95,4 +101,84 @@ fn the_cuda_build_answers_on_the_cpu_without_a_driver() {
     assert_eq!((code, stderr.as_str()), (0, ""));
     let (code, _, stderr) = cuda(&bin, &["hi", "--temperature", "5"]);
     assert_eq!(code, 2, "{stderr}");
+}
+
+/// A library whose constructor writes `marker` when it is loaded.
+const PLANTED: &str = r#"
+#include <stdio.h>
+__attribute__((constructor)) static void planted(void) {
+    FILE *f = fopen(MARKER, "w");
+    if (f) { fputs("ran", f); fclose(f); }
+}
+int ggml_backend_score(void) { return 1000000; }
+void *ggml_backend_init(void) { return 0; }
+"#;
+
+#[test]
+fn backends_load_only_from_where_cmpl_was_built_or_installed() {
+    let bin = match cuda_binary() {
+        Ok(bin) => bin,
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+    // A folder a stranger could write to (a cloned repository, a shared
+    // /tmp), holding libraries named as llama.cpp's loader looks for them.
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("planted-ran");
+    let source = dir.path().join("planted.c");
+    std::fs::write(&source, PLANTED).unwrap();
+    for name in [
+        "libggml-cpu-planted.so",
+        "libggml-cpu-zen9.so",
+        "libggml-cuda.so",
+        "libggml-blas.so",
+    ] {
+        let built = Command::new("cc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(dir.path().join(name))
+            .arg(format!("-DMARKER=\"{}\"", marker.display()))
+            .arg(&source)
+            .status()
+            .unwrap();
+        assert!(built.success(), "cc {name}");
+    }
+    let args = [
+        "The capital of France is",
+        "--max-tokens",
+        "16",
+        "--temperature",
+        "0",
+        "--lookup",
+        "0",
+    ];
+    let cpu = cmpl(&args).run();
+    let (code, text, stderr) = cuda_in(&bin, dir.path(), &args);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        !marker.exists(),
+        "a library in the working directory was loaded"
+    );
+    assert_eq!(text, cpu.ok());
+    // Also through $TMPDIR, and with the binary's own folder copied away
+    // from the build (the backends beside it are the ones it loads).
+    let (code, _, stderr) = {
+        let out = Command::new(&bin)
+            .args(["hi", "--max-tokens", "1", "-ngl", "0"])
+            .current_dir(dir.path())
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("TMPDIR", dir.path())
+            .env("CMPL_MODEL", model_path())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            (),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(!marker.exists(), "a library in $TMPDIR was loaded");
 }

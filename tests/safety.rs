@@ -4,7 +4,7 @@
 //! and an answer with "Paris" (S3). No real guard model can be fetched here.
 
 mod common;
-use common::run::{cmpl, model_path, second_model_path};
+use common::run::{cmpl, second_model_path};
 use common::schema::assert_valid;
 use common::served::Served;
 use serde_json::{json, Value};
@@ -19,27 +19,9 @@ const FRANCE: &str = "Name the capital city of France.";
 const HELLO: &str = "Say hello.";
 
 fn guard() -> String {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-        let path = dir.join("standin-guard.gguf");
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-        let out = std::process::Command::new(common::sdk::sdk_python_path())
-            .arg(root.join("tests/make_guard.py"))
-            .arg(model_path())
-            .arg(&path)
-            .arg(root.join("tests/data/templates/standin-guard.jinja"))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        path
-    })
-    .display()
-    .to_string()
+    static PATH: OnceLock<String> = OnceLock::new();
+    PATH.get_or_init(|| common::guard::guard("standin-guard"))
+        .clone()
 }
 
 fn smol() -> String {

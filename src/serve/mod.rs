@@ -57,6 +57,10 @@ struct Shared {
     /// since their requests arrive validated by the caller's own process.
     callers: bool,
     defaults: RawRequest,
+    /// `--chat-template` (or the config's): the template of every chat
+    /// request, the model's own otherwise. Not a default of the other
+    /// requests, as it would be a one-shot's (where it implies `--chat`).
+    template: Option<serde_json::Value>,
     submit: std::sync::Mutex<mpsc::Sender<Submission>>,
     in_flight: Arc<AtomicUsize>,
     queue_limit: usize,
@@ -104,7 +108,12 @@ pub fn run(
         strict_model: opts.strict_model,
         trust_request_templates: opts.trust_request_templates,
         callers: matches!(opts.listen, Listen::Unix(_)),
-        defaults: config.request.clone(),
+        defaults: {
+            let mut defaults = config.request.clone();
+            defaults.fields.remove("chat_template");
+            defaults
+        },
+        template: config.request.get("chat_template").cloned(),
         submit: std::sync::Mutex::new(submit),
         in_flight: Arc::new(AtomicUsize::new(0)),
         queue_limit: opts.parallel as usize * QUEUE_PER_SLOT,
@@ -995,7 +1004,7 @@ fn parse(body: &[u8], shared: &Shared) -> std::result::Result<Vec<Request>, Refu
     let text = utf8(body)?;
     let body = RawRequest::from_json(text, "the request body").map_err(bad)?;
     untrusted_templates(&body, shared)?;
-    let raw = shared.defaults.clone().overlay(body);
+    let raw = with_template(shared.defaults.clone().overlay(body), shared);
     // A list takes one queue place per prompt, so it is bounded by the queue.
     let Some(each) = raw.prompts(shared.queue_limit).map_err(bad)? else {
         return Ok(vec![one(&raw, shared)?]);
@@ -1029,7 +1038,8 @@ fn parse_chat(body: &[u8], shared: &Shared) -> std::result::Result<(Request, boo
     let text = utf8(body)?;
     let (raw, usage) = chat::request(text).map_err(bad)?;
     untrusted_templates(&raw, shared)?;
-    Ok((one(&shared.defaults.clone().overlay(raw), shared)?, usage))
+    let raw = with_template(shared.defaults.clone().overlay(raw), shared);
+    Ok((one(&raw, shared)?, usage))
 }
 
 /// A template in a request body is a program the server would run for a
@@ -1048,6 +1058,18 @@ fn untrusted_templates(body: &RawRequest, shared: &Shared) -> std::result::Resul
         )),
         None => Ok(()),
     }
+}
+
+/// A chat request (`messages`, `chat`, `system`) gets the server's template
+/// where it brings none of its own.
+fn with_template(mut raw: RawRequest, shared: &Shared) -> RawRequest {
+    let chat = raw.get("messages").is_some()
+        || raw.get("system").is_some()
+        || raw.get("chat") == Some(&serde_json::Value::Bool(true));
+    if let (true, None, Some(template)) = (chat, raw.get("chat_template"), &shared.template) {
+        raw.set("chat_template", template.clone());
+    }
+    raw
 }
 
 fn one(raw: &RawRequest, shared: &Shared) -> std::result::Result<Request, Refusal> {

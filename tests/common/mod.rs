@@ -1,6 +1,7 @@
 // Each integration test compiles this module on its own and uses only some of its helpers.
 #![allow(dead_code)]
 
+pub mod guard;
 pub mod hub;
 pub mod run;
 pub mod schema;

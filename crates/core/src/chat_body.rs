@@ -40,7 +40,7 @@ pub fn request(body: &str) -> Result<(RawRequest, bool)> {
     let value: Value = serde_json::from_str(body).map_err(|e| {
         CmplError::invalid(
             "request",
-            format!("the request body is not valid JSON: {e}; send {{\"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}"),
+            format!("the request body is not valid JSON: {}; send {{\"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}", crate::request::json_error(&e)),
         )
     })?;
     let Value::Object(body) = value else {

@@ -79,7 +79,7 @@ impl RawRequest {
         let value: Value = serde_json::from_str(text).map_err(|e| {
             CmplError::invalid(
                 "request",
-                format!("{origin} is not valid JSON: {e}; send one JSON object like {{\"prompt\": \"Hello\"}}"),
+                format!("{origin} is not valid JSON: {}; send one JSON object like {{\"prompt\": \"Hello\"}}", json_error(&e)),
             )
         })?;
         Self::from_value(value, origin)
@@ -506,6 +506,21 @@ impl Request {
         }
         self.prompt = rendered.prompt;
         Ok(())
+    }
+}
+
+/// serde_json's error, said plainly where its words are a parser's: a lone
+/// UTF-16 surrogate (`"\\ud800"`, which no Unicode text holds) and nesting
+/// past its 128 levels.
+pub fn json_error(e: &serde_json::Error) -> String {
+    let said = e.to_string();
+    let at = format!("at line {} column {}", e.line(), e.column());
+    if said.contains("hex escape") || said.contains("surrogate") {
+        format!("a \\u escape that is not a character (a lone UTF-16 surrogate such as \\ud800, or a cut escape) {at}; text must be valid Unicode")
+    } else if said.contains("recursion limit") {
+        format!("nested deeper than 128 levels (recursion limit exceeded) {at}")
+    } else {
+        said
     }
 }
 
