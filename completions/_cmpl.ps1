@@ -76,6 +76,7 @@ Register-ArgumentCompleter -Native -CommandName 'cmpl' -ScriptBlock {
             [CompletionResult]::new('--verbose', '--verbose', [CompletionResultType]::ParameterName, 'Show llama.cpp''s own log, and how long the model took to load, on stderr')
             [CompletionResult]::new('--ps', '--ps', [CompletionResultType]::ParameterName, 'List the resident models this user runs (model, pid, memory, idle time, time left, requests served, settings)')
             [CompletionResult]::new('--strict-model', '--strict-model', [CompletionResultType]::ParameterName, 'With --serve: answer a request naming another model with 404 (default: the served model answers it)')
+            [CompletionResult]::new('--trust-request-templates', '--trust-request-templates', [CompletionResultType]::ParameterName, 'With --serve: take a chat template in a request body (`chat_template`). A template is a program the server runs, so by default only the model''s own and --chat-template''s are used, and a request that sends one is refused (400)')
             [CompletionResult]::new('--list-models', '--list-models', [CompletionResultType]::ParameterName, 'List the models in the models folder and the hub cache with size, architecture and parameters')
             [CompletionResult]::new('--models-dir', '--models-dir', [CompletionResultType]::ParameterName, 'Print the models folder: where -m NAME looks, and where the default model goes')
             [CompletionResult]::new('-V', '-V ', [CompletionResultType]::ParameterName, 'Print the version and the GPU backends compiled in')

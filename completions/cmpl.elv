@@ -73,6 +73,7 @@ set edit:completion:arg-completer[cmpl] = {|@words|
             cand --verbose 'Show llama.cpp''s own log, and how long the model took to load, on stderr'
             cand --ps 'List the resident models this user runs (model, pid, memory, idle time, time left, requests served, settings)'
             cand --strict-model 'With --serve: answer a request naming another model with 404 (default: the served model answers it)'
+            cand --trust-request-templates 'With --serve: take a chat template in a request body (`chat_template`). A template is a program the server runs, so by default only the model''s own and --chat-template''s are used, and a request that sends one is refused (400)'
             cand --list-models 'List the models in the models folder and the hub cache with size, architecture and parameters'
             cand --models-dir 'Print the models folder: where -m NAME looks, and where the default model goes'
             cand -V 'Print the version and the GPU backends compiled in'

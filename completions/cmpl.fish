@@ -59,6 +59,7 @@ complete -c cmpl -l no-repack -d 'Keep the weights as stored instead of repackin
 complete -c cmpl -l verbose -d 'Show llama.cpp\'s own log, and how long the model took to load, on stderr'
 complete -c cmpl -l ps -d 'List the resident models this user runs (model, pid, memory, idle time, time left, requests served, settings)'
 complete -c cmpl -l strict-model -d 'With --serve: answer a request naming another model with 404 (default: the served model answers it)'
+complete -c cmpl -l trust-request-templates -d 'With --serve: take a chat template in a request body (`chat_template`). A template is a program the server runs, so by default only the model\'s own and --chat-template\'s are used, and a request that sends one is refused (400)'
 complete -c cmpl -l list-models -d 'List the models in the models folder and the hub cache with size, architecture and parameters'
 complete -c cmpl -l models-dir -d 'Print the models folder: where -m NAME looks, and where the default model goes'
 complete -c cmpl -s V -l version -d 'Print the version and the GPU backends compiled in'

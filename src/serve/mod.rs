@@ -78,6 +78,8 @@ struct Shared {
     keep_alive: Option<Duration>,
     /// The safety models requests name.
     guards: guard::Desk,
+    /// For chat requests' templates, rendered before they are queued.
+    engine: &'static Engine,
 }
 
 /// Serves `engine` (the model named `model`) until SIGINT or SIGTERM, then
@@ -103,6 +105,7 @@ pub fn run(
     let connections = connection_limit();
     let (submit, submissions) = mpsc::channel();
     let shared = Arc::new(Shared {
+        engine,
         model: model.clone(),
         key,
         strict_model: opts.strict_model,
@@ -683,6 +686,21 @@ fn bearer(value: &str) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
+async fn render_chats(requests: Vec<Request>, shared: &Shared) -> Result<Vec<Request>> {
+    if requests.iter().all(|r| r.chat.is_none()) {
+        return Ok(requests);
+    }
+    let engine = shared.engine;
+    tokio::task::spawn_blocking(move || {
+        requests
+            .into_iter()
+            .map(|r| engine.render_chat(r))
+            .collect::<Result<Vec<_>>>()
+    })
+    .await
+    .map_err(|e| CmplError::internal(format!("a chat template's render ended: {e}")))?
+}
+
 async fn complete(req: hyper::Request<Incoming>, shared: &Shared) -> Response {
     let path = req.uri().path().to_string();
     let body = match read_body(req.into_body(), shared).await {
@@ -699,6 +717,12 @@ async fn complete(req: hyper::Request<Incoming>, shared: &Shared) -> Response {
         Err((status, e)) => return error(status, &e),
     };
     drop(body);
+    // A chat template renders on a blocking thread (in its bounded child),
+    // never on the decode loop, whose other clients would wait for it.
+    let requests = match render_chats(requests, shared).await {
+        Ok(r) => r,
+        Err(e) => return error(status_of(&e), &e),
+    };
     // A safety model judges each prompt before it is queued.
     for request in requests.iter().filter(|r| r.safety_model.is_some()) {
         if let Err(e) = shared.guards.check(request, None).await {

@@ -215,6 +215,10 @@ pub struct Request {
 pub struct Chat {
     pub messages: Vec<Message>,
     pub template: Option<String>,
+    /// Rendered already (`prompt` holds it): a server renders on a thread
+    /// of its own, before the decode loop sees the request.
+    #[serde(default)]
+    pub rendered: bool,
 }
 
 impl Request {
@@ -342,7 +346,11 @@ fn chat(raw: &RawRequest, prompt: &str, messages: Option<Vec<Message>>) -> Resul
         messages.push(Message::new("system", &system));
     }
     messages.extend(turns);
-    Ok(Some(Chat { messages, template }))
+    Ok(Some(Chat {
+        messages,
+        template,
+        rendered: false,
+    }))
 }
 
 /// `messages`: a list of `{"role", "content"}` turns, the content a string
@@ -498,13 +506,16 @@ impl Request {
             return Ok(());
         };
         let rendered =
-            template::render(&template::Job::new(source, &chat.messages, specials, limit))?;
+            crate::sandbox::render(&template::Job::new(source, &chat.messages, specials, limit))?;
         if let Some(end) = rendered.end_of_turn {
             if !self.stop.contains(&end) {
                 self.stop.push(end);
             }
         }
         self.prompt = rendered.prompt;
+        if let Some(chat) = &mut self.chat {
+            chat.rendered = true;
+        }
         Ok(())
     }
 }

@@ -54,8 +54,11 @@ enum Reply {
     Invalid { param: String, message: String },
 }
 
-/// Renders `job` in a bounded child where one is enabled, else here.
-pub(crate) fn render(job: &Job) -> Result<Rendered> {
+/// Renders `job` within its bounds: in a child process of its own where
+/// the binary has enabled one (memory, time), else here. An error names
+/// `chat_template` for a broken or unbounded template, `messages` for a
+/// conversation the template refuses (its own `raise_exception` message).
+pub fn render(job: &Job) -> Result<Rendered> {
     match PROGRAM.get() {
         Some(program) => render_in_child(program, job),
         None => template::render_here(job),

@@ -81,17 +81,9 @@ pub struct Rendered {
     pub end_of_turn: Option<String>,
 }
 
-/// Renders `job` within its bounds: in a child process of its own where
-/// the binary has enabled one (`sandbox`: memory, time), else here. An
-/// error names `chat_template` for a broken or unbounded template,
-/// `messages` for a conversation the template refuses (its own
-/// `raise_exception` message).
-pub fn render(job: &Job) -> Result<Rendered> {
-    crate::sandbox::render(job)
-}
-
 /// Renders `job` in this process, bounded in steps and in the bytes it
-/// writes, not in what one step allocates: the sandbox's child runs this.
+/// writes, not in what one step allocates: `sandbox::render` runs it in a
+/// bounded child.
 pub fn render_here(job: &Job) -> Result<Rendered> {
     let specials = Specials {
         bos: &job.bos,

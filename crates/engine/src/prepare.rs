@@ -66,9 +66,10 @@ impl Engine {
     /// A chat request as the model reads it: its conversation rendered by
     /// the model's chat template (or the one the request gives) into the
     /// prompt, and the template's end of turn a stop, for a model that
-    /// writes it as text.
-    fn render(&self, mut request: Request) -> Result<Request> {
-        let Some(chat) = &request.chat else {
+    /// writes it as text. Once: a request rendered already (a server renders
+    /// on a thread of its own, off the decode loop) passes as it is.
+    pub fn render_chat(&self, mut request: Request) -> Result<Request> {
+        let Some(chat) = request.chat.as_ref().filter(|c| !c.rendered) else {
             return Ok(request);
         };
         let source = match (&chat.template, self.info.get_str("tokenizer.chat_template")) {
@@ -113,7 +114,7 @@ impl Engine {
         token_logprob: bool,
     ) -> Result<Job> {
         self.model_ref.check(request.model.as_deref())?;
-        let request = self.render(request)?;
+        let request = self.render_chat(request)?;
         let n_vocab = self.model.n_vocab() as i64;
         if let Some(&(id, _)) = request
             .sampling
