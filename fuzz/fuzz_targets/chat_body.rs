@@ -89,7 +89,10 @@ fn check_raw(raw: &RawRequest, usage: bool, input: &str) {
 fn check_request(r: &Request, raw: &RawRequest, input: &str) {
     let ctx = || format!("input {input:?} gave {r:?}");
     assert!(r.prompt.is_empty(), "a chat's prompt: {}", ctx());
-    let chat = r.chat.as_ref().unwrap_or_else(|| panic!("no chat: {}", ctx()));
+    let chat = r
+        .chat
+        .as_ref()
+        .unwrap_or_else(|| panic!("no chat: {}", ctx()));
     if let Some(t) = &chat.template {
         assert!(t.len() <= MAX_TEMPLATE_BYTES, "template bytes: {}", ctx());
     }
@@ -122,7 +125,9 @@ fn check_request(r: &Request, raw: &RawRequest, input: &str) {
     assert_eq!(given.len(), turns.len(), "turns: {}", ctx());
     let mut all_parts = 0;
     for (m, turn) in given.iter().zip(turns) {
-        let role = m["role"].as_str().unwrap_or_else(|| panic!("role: {}", ctx()));
+        let role = m["role"]
+            .as_str()
+            .unwrap_or_else(|| panic!("role: {}", ctx()));
         let role = if role == "developer" { "system" } else { role };
         assert_eq!(role, turn.role, "role: {}", ctx());
         let text = match &m["content"] {
@@ -176,11 +181,7 @@ fn check_request(r: &Request, raw: &RawRequest, input: &str) {
         ("presence_penalty", s.presence_penalty, -2.0, 2.0),
         ("frequency_penalty", s.frequency_penalty, -2.0, 2.0),
     ] {
-        assert!(
-            x.is_finite() && (lo..=hi).contains(&x),
-            "{name}: {}",
-            ctx()
-        );
+        assert!(x.is_finite() && (lo..=hi).contains(&x), "{name}: {}", ctx());
     }
     assert!(s.top_k <= i32::MAX as u32, "top_k: {}", ctx());
     assert!(

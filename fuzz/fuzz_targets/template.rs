@@ -294,12 +294,73 @@ const FORMATS: &[&str] = &[
 
 /// Loose pieces that make (or break) the syntax.
 const TOKENS: &[&str] = &[
-    "{{", "}}", "{%", "%}", "{#", "#}", "{{-", "-}}", "{%-", "-%}", "{%+", "(", ")", "[", "]",
-    "{", "}", "'", "\"", "|", ".", ",", ":", "=", "~", "+", "-", "if", "else", "elif", "endif",
-    "for", "in", "endfor", "set", "endset", "macro", "endmacro", "call", "endcall", "filter",
-    "endfilter", "raw", "endraw", "block", "endblock", "extends", "include", "import", "with",
-    "endwith", "break", "continue", "generation", "endgeneration", "do", "not", "is", "loop",
-    "messages", "message", "namespace", "raise_exception", "tojson", "\n", " ", "\\",
+    "{{",
+    "}}",
+    "{%",
+    "%}",
+    "{#",
+    "#}",
+    "{{-",
+    "-}}",
+    "{%-",
+    "-%}",
+    "{%+",
+    "(",
+    ")",
+    "[",
+    "]",
+    "{",
+    "}",
+    "'",
+    "\"",
+    "|",
+    ".",
+    ",",
+    ":",
+    "=",
+    "~",
+    "+",
+    "-",
+    "if",
+    "else",
+    "elif",
+    "endif",
+    "for",
+    "in",
+    "endfor",
+    "set",
+    "endset",
+    "macro",
+    "endmacro",
+    "call",
+    "endcall",
+    "filter",
+    "endfilter",
+    "raw",
+    "endraw",
+    "block",
+    "endblock",
+    "extends",
+    "include",
+    "import",
+    "with",
+    "endwith",
+    "break",
+    "continue",
+    "generation",
+    "endgeneration",
+    "do",
+    "not",
+    "is",
+    "loop",
+    "messages",
+    "message",
+    "namespace",
+    "raise_exception",
+    "tojson",
+    "\n",
+    " ",
+    "\\",
 ];
 
 struct Gen {
@@ -377,7 +438,11 @@ impl Gen {
                 self.expr(u, out, 0)?;
                 out.push_str(" %}");
                 self.body(u, out, depth + 1)?;
-                while u.ratio(1, 4)? {
+                // Bounded: on exhausted input `ratio` is always true.
+                for _ in 0..4 {
+                    if u.is_empty() || !u.ratio(1, 4)? {
+                        break;
+                    }
                     out.push_str("{% elif ");
                     self.expr(u, out, 0)?;
                     out.push_str(" %}");
@@ -453,7 +518,13 @@ impl Gen {
             }
             13 if !deep => {
                 out.push_str("{% filter ");
-                out.push_str(u.choose(&["upper", "trim", "lower", "indent(2)", "replace('a', 'b')"])?);
+                out.push_str(u.choose(&[
+                    "upper",
+                    "trim",
+                    "lower",
+                    "indent(2)",
+                    "replace('a', 'b')",
+                ])?);
                 out.push_str(" %}");
                 self.body(u, out, depth + 1)?;
                 out.push_str("{% endfilter %}");
@@ -522,7 +593,9 @@ impl Gen {
                 "messages|batch(2)",
                 "messages|groupby('role')",
             ])?),
-            7 => out.push_str(u.choose(&["['a', 'b']", "'abc'", "{'k': 1, 'j': 2}", "none", "3"])?),
+            7 => {
+                out.push_str(u.choose(&["['a', 'b']", "'abc'", "{'k': 1, 'j': 2}", "none", "3"])?)
+            }
             _ => self.expr(u, out, 1)?,
         }
         Ok(())
@@ -579,7 +652,15 @@ impl Gen {
                         self.expr(u, out, d)?;
                         out.push(']');
                     }
-                    1 => out.push_str(u.choose(&["[0]", "[-1]", "['role']", "['content']", "[1:]", "[::-1]", "[:2]"])?),
+                    1 => out.push_str(u.choose(&[
+                        "[0]",
+                        "[-1]",
+                        "['role']",
+                        "['content']",
+                        "[1:]",
+                        "[::-1]",
+                        "[:2]",
+                    ])?),
                     2 => out.push_str(u.choose(&[".role", ".content", ".index", ".length"])?),
                     3 => out.push_str(u.choose(&["[0].role", "[-1]['content']"])?),
                     _ => out.push_str("|length"),
@@ -660,7 +741,9 @@ impl Gen {
         match u.int_in_range(0..=9)? {
             0 | 1 => self.string(u, out)?,
             2 => out.push_str(&u.int_in_range(-3..=9i32)?.to_string()),
-            3 => out.push_str(u.choose(&["true", "false", "none", "True", "None", "0.5", "-0.0", "1e3"])?),
+            3 => out.push_str(u.choose(&[
+                "true", "false", "none", "True", "None", "0.5", "-0.0", "1e3",
+            ])?),
             4 | 5 => out.push_str(u.choose(&[
                 "message['role']",
                 "message['content']",
@@ -693,7 +776,9 @@ impl Gen {
                     out.push_str(name);
                 }
             }
-            8 if own => out.push_str(u.choose(&["ns.acc", "ns.flag", "ns.x", "ns.system", "x", "y"])?),
+            8 if own => {
+                out.push_str(u.choose(&["ns.acc", "ns.flag", "ns.x", "ns.system", "x", "y"])?)
+            }
             _ => out.push_str(u.choose(&[
                 "add_generation_prompt",
                 "bos_token",
@@ -743,7 +828,27 @@ fn huge_repeat(source: &str) -> bool {
     })
 }
 
+/// libfuzzer-sys makes every panic an abort, caught or not; the renderer
+/// catches minijinja's own (a refusal, see `render_with`), so those are let
+/// unwind to it. Any other panic still fails the run: test_input_wrap
+/// aborts on a panic that leaves the target.
+fn let_minijinja_panic() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let abort = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !info
+                .location()
+                .is_some_and(|l| l.file().contains("/minijinja-"))
+            {
+                abort(info);
+            }
+        }));
+    });
+}
+
 fuzz_target!(|input: Input| {
+    let_minijinja_panic();
     let job = &input.job;
     if huge_repeat(&job.source) {
         return;
@@ -794,5 +899,8 @@ fn check_error(e: &CmplError, job: &Job) {
     assert!(!e.message.is_empty(), "empty message for {job:?}");
     let data = e.to_error_data();
     assert_eq!(data["error"]["param"].as_str(), param);
-    assert_eq!(data["error"]["type"].as_str(), Some("invalid_request_error"));
+    assert_eq!(
+        data["error"]["type"].as_str(),
+        Some("invalid_request_error")
+    );
 }

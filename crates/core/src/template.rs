@@ -158,7 +158,17 @@ fn render_with(
         out: Vec::new(),
         limit,
     };
-    let done = template.render_captured_to(ctx, &mut out).map(drop);
+    // minijinja can panic on what a template does (2.24: a reversed slice
+    // of an empty list, `[][::-1]`, found by fuzz/): a refusal, not a crash.
+    let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        template.render_captured_to(ctx, &mut out).map(drop)
+    }))
+    .map_err(|_| {
+        CmplError::invalid(
+            "chat_template",
+            "the chat template made its renderer fail (a fault of minijinja, the template engine, on this template); fix the template or give another with --chat-template",
+        )
+    })?;
     match done {
         Ok(()) => String::from_utf8(out.out).map_err(|_| {
             CmplError::invalid("chat_template", "the chat template wrote text that is not UTF-8")
