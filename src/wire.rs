@@ -6,7 +6,7 @@
 //! a resident holds (`identity`).
 
 use crate::backend::Owned;
-use crate::engine::Cells;
+use crate::cells::Cells;
 use crate::request::Request;
 use serde::{Deserialize, Serialize};
 use std::os::unix::fs::MetadataExt;
@@ -23,36 +23,7 @@ pub struct Ask {
     /// Report each token's logprob even without `logprobs` (SSE carries it).
     pub token_logprobs: bool,
     /// The cells the request would have in the caller's run.
-    pub cells: WireCells,
-}
-
-/// The engine's [`Cells`] as the wire writes them: the engine's type stays
-/// the engine's, and the wire's format the wire's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum WireCells {
-    Any,
-    Pool(u32),
-    Slot(u32),
-}
-
-impl From<Cells> for WireCells {
-    fn from(cells: Cells) -> WireCells {
-        match cells {
-            Cells::Any => WireCells::Any,
-            Cells::Pool(n) => WireCells::Pool(n),
-            Cells::Slot(n) => WireCells::Slot(n),
-        }
-    }
-}
-
-impl From<WireCells> for Cells {
-    fn from(cells: WireCells) -> Cells {
-        match cells {
-            WireCells::Any => Cells::Any,
-            WireCells::Pool(n) => Cells::Pool(n),
-            WireCells::Slot(n) => Cells::Slot(n),
-        }
-    }
+    pub cells: Cells,
 }
 
 /// An event of the request asked, as its line on the wire (its job is the

@@ -334,7 +334,7 @@ impl Backend for Resident {
         interrupted: &AtomicBool,
         sink: &mut Sink,
     ) -> Result<()> {
-        let cells = crate::engine::cells_of_run(opts, self.runtime.deterministic, &requests);
+        let cells = crate::cells::Cells::of_run(opts, self.runtime.deterministic, &requests);
         let mut waiting = VecDeque::new();
         let mut asked = HashMap::new();
         for (job, mut request) in requests.into_iter().enumerate() {
@@ -345,7 +345,7 @@ impl Backend for Resident {
                     let ask = wire::Ask {
                         request,
                         token_logprobs: opts.token_logprobs,
-                        cells: cells.into(),
+                        cells,
                     };
                     asked.insert(job, serde_json::to_vec(&ask).map_err(std::io::Error::from)?);
                     waiting.push_back(job);

@@ -647,7 +647,7 @@ async fn run_for_caller(req: hyper::Request<Incoming>, shared: &Shared) -> Respo
         return error(status, &e);
     };
     let caller = worker::Caller {
-        cells: ask.cells.into(),
+        cells: ask.cells,
         token_logprobs: ask.token_logprobs,
     };
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();

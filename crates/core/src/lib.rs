@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod backend;
+pub mod cells;
 pub mod chat_body;
 pub mod constraint;
 pub mod error;

@@ -32,8 +32,9 @@ mod vector;
 
 pub use cpu::cpu_features;
 pub use guide::unenforceable;
-pub use run::cells_of_run;
 pub use serve::Arrival;
+// The core's: a plain value the wire carries as it is.
+pub use cmpl_core::cells::Cells;
 
 use cmpl_core::gguf::GgufInfo;
 use cmpl_core::model::ModelRef;
@@ -109,17 +110,6 @@ struct Job {
     guide: Option<guide::Compiled>,
     /// Compute the sampled token's logprob even without `logprobs` (streams carry it).
     token_logprob: bool,
-}
-
-/// What bounds a job's KV cells besides the model's window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cells {
-    /// Nothing: the context is sized to the jobs.
-    Any,
-    /// A pool of this many (--ctx-size), shared by a job's choices.
-    Pool(u32),
-    /// This many for each choice: a server slot's own stream.
-    Slot(u32),
 }
 
 impl Job {

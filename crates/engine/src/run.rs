@@ -5,15 +5,11 @@ use crate::memory::KvShape;
 use crate::scheduler::{Fed, Layout, MIN_REUSE};
 use crate::{guide, Cells, Engine, Job, MAX_EXACT_SLOTS};
 use cmpl_core::backend::{Backend, Event, RunOptions, Sink};
+use cmpl_core::cells::{slots_for, DEFAULT_PARALLEL};
 use cmpl_core::error::Result;
 use cmpl_core::request::Request;
 use llama_cpp_2::token::LlamaToken;
 use std::sync::atomic::AtomicBool;
-
-/// Sequences decoded together when `--parallel` is not given (fewer when
-/// their KV cache would take over half the free memory): past this,
-/// llama.cpp's batched decoding on CPU gains little.
-const DEFAULT_PARALLEL: u32 = 32;
 
 impl Backend for Engine {
     fn run(
@@ -26,7 +22,7 @@ impl Backend for Engine {
         // Deterministic mode lays the cells out as the server does, a stream
         // per sequence (--ctx-size split among them), each stream whole.
         let exact = self.deterministic;
-        let cells = cells_of_run(opts, exact, &requests);
+        let cells = Cells::of_run(opts, exact, &requests);
         let mut jobs = Vec::with_capacity(requests.len());
         for (index, request) in requests.into_iter().enumerate() {
             match self.prepare(request, cells, opts.token_logprobs) {
@@ -88,26 +84,6 @@ impl Backend for Engine {
             eprintln!("cmpl: {line}");
         }
         done
-    }
-}
-
-/// A job's choices always run together, even past --parallel; and no
-/// more slots than there are choices in all.
-fn slots_for(parallel: u32, requests: &mut dyn Iterator<Item = u32>) -> u32 {
-    let (widest, choices) = requests.fold((1, 0u32), |(w, c), n| (w.max(n), c + n));
-    parallel.min(choices).max(widest)
-}
-
-/// What bounds each job's cells in a run of `requests` in this process:
-/// what a resident must answer them as (`Arrival::Request`'s `alone`).
-pub fn cells_of_run(opts: &RunOptions, deterministic: bool, requests: &[Request]) -> Cells {
-    match opts.ctx_size {
-        None => Cells::Any,
-        Some(c) if deterministic => {
-            let parallel = opts.parallel.unwrap_or(DEFAULT_PARALLEL);
-            Cells::Slot(c / slots_for(parallel, &mut requests.iter().map(|r| r.n)))
-        }
-        Some(c) => Cells::Pool(c),
     }
 }
 
