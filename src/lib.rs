@@ -12,8 +12,8 @@
 //! the core alone: docs/architecture.md.
 
 pub use cmpl_core::{
-    api, backend, cells, chat_body, constraint, error, gguf, grammar, printer, random, request,
-    sandbox, stop, template,
+    api, backend, cells, chat_body, chat_printer, constraint, error, gguf, grammar, printer,
+    random, request, sandbox, stop, template,
 };
 pub use cmpl_engine as engine;
 

@@ -161,3 +161,89 @@ impl ResponseHeader {
         }
     }
 }
+
+/// Why a chat choice ended: its turn (an end of turn, a stop string, a
+/// constraint complete) or its length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChatFinishReason {
+    Stop,
+    Length,
+}
+
+/// A chat answer whole (`chat.completion`), as OpenAI's chat endpoint
+/// writes it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatCompletion {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatChoice {
+    pub index: u32,
+    pub message: ChatMessage,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: ChatFinishReason,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatMessage {
+    pub role: &'static str,
+    pub content: String,
+}
+
+/// One event of a chat stream (`chat.completion.chunk`); the last one of a
+/// stream with `stream_options.include_usage` has no choices and the usage.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatChunk {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChunkChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatChunkChoice {
+    pub index: u32,
+    pub delta: ChatDelta,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<ChatFinishReason>,
+}
+
+/// A choice's new text; its first chunk also carries the role.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    pub content: String,
+}
+
+/// `logprobs.content`: one entry per token.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatLogprobs {
+    pub content: Vec<ChatTokenLogprob>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatTokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    /// The alternatives, best first.
+    pub top_logprobs: Vec<ChatTopLogprob>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatTopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}

@@ -1,13 +1,15 @@
 //! cmpl's core: the plain values every part of cmpl shares, and nothing
 //! that touches llama.cpp, a terminal's flags or a socket. The request and
-//! its checks, errors, the API's response shapes and the printer that
-//! writes them, the events a backend reports, stop matching, constraints
-//! and grammars, chat templates, and the GGUF pre-check.
+//! its checks, errors, the API's response shapes (completions and chat
+//! completions) and the printers that write them, the events a backend
+//! reports, stop matching, constraints and grammars, chat templates, and
+//! the GGUF pre-check.
 
 pub mod api;
 pub mod backend;
 pub mod cells;
 pub mod chat_body;
+pub mod chat_printer;
 pub mod constraint;
 pub mod error;
 pub mod gguf;

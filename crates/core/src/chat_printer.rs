@@ -1,0 +1,282 @@
+//! The chat endpoint's printer: one chat request's events written as
+//! `chat.completion` objects or `chat.completion.chunk` events (the shapes
+//! in `api`, beside the completion ones `printer` writes).
+
+use crate::api::{
+    ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatDelta, ChatFinishReason,
+    ChatLogprobs, ChatMessage, ChatTokenLogprob, ChatTopLogprob, ResponseHeader, Usage,
+};
+use crate::backend::{Event, Finish, TokenInfo};
+use crate::error::Result;
+use crate::request::Request;
+use serde::Serialize;
+use std::io::Write;
+
+/// Writes one chat request's events in the chat endpoint's shapes.
+pub struct ChatWriter<W: Write> {
+    out: W,
+    job: usize,
+    header: ResponseHeader,
+    stream: bool,
+    logprobs: bool,
+    include_usage: bool,
+    /// Which choices have sent their first chunk (the one with the role).
+    opened: Vec<bool>,
+}
+
+impl<W: Write> ChatWriter<W> {
+    pub fn new(out: W, job: usize, model: &str, request: &Request, include_usage: bool) -> Self {
+        let mut header = ResponseHeader::new(model);
+        header.id = header.id.replacen("cmpl-", "chatcmpl-", 1);
+        ChatWriter {
+            out,
+            job,
+            header,
+            stream: request.stream,
+            logprobs: request.logprobs.is_some(),
+            include_usage,
+            opened: vec![false; request.n as usize],
+        }
+    }
+
+    pub fn event(&mut self, event: Event) -> Result<()> {
+        if event.job() != self.job {
+            return Ok(());
+        }
+        match event {
+            Event::Token {
+                choice,
+                token,
+                text,
+                finish,
+                ..
+            } if self.stream => {
+                let first = !std::mem::replace(&mut self.opened[choice as usize], true);
+                if text.is_empty() && finish.is_none() && !first {
+                    return Ok(());
+                }
+                let choice = ChatChunkChoice {
+                    index: choice,
+                    delta: ChatDelta {
+                        role: first.then_some("assistant"),
+                        content: text.to_string(),
+                    },
+                    logprobs: self.logprobs.then(|| ChatLogprobs {
+                        content: vec![token_logprob(token)],
+                    }),
+                    finish_reason: finish.map(reason),
+                };
+                let chunk = self.chunk(vec![choice], None);
+                self.write_sse(&chunk)
+            }
+            Event::Done { result, .. } if self.stream => {
+                if !self.include_usage {
+                    return Ok(());
+                }
+                let usage = Usage::new(result.prompt_tokens, result.completion_tokens);
+                let chunk = self.chunk(Vec::new(), Some(usage));
+                self.write_sse(&chunk)
+            }
+            Event::Done { result, .. } => {
+                let choices = result
+                    .choices
+                    .iter()
+                    .map(|c| ChatChoice {
+                        index: c.index,
+                        message: ChatMessage {
+                            role: "assistant",
+                            content: c.text.clone(),
+                        },
+                        logprobs: c.tokens.as_ref().filter(|_| self.logprobs).map(|t| {
+                            ChatLogprobs {
+                                content: t.iter().map(token_logprob).collect(),
+                            }
+                        }),
+                        finish_reason: reason(c.finish),
+                    })
+                    .collect();
+                let response = ChatCompletion {
+                    id: self.header.id.clone(),
+                    object: "chat.completion",
+                    created: self.header.created,
+                    model: self.header.model.clone(),
+                    choices,
+                    usage: Usage::new(result.prompt_tokens, result.completion_tokens),
+                };
+                serde_json::to_writer(&mut self.out, &response).map_err(std::io::Error::from)?;
+                self.out.flush()?;
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A stream's end.
+    pub fn finish(&mut self) -> Result<()> {
+        if self.stream {
+            self.out.write_all(b"data: [DONE]\n\n")?;
+            self.out.flush()?;
+        }
+        Ok(())
+    }
+
+    fn chunk(&self, choices: Vec<ChatChunkChoice>, usage: Option<Usage>) -> ChatChunk {
+        ChatChunk {
+            id: self.header.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.header.created,
+            model: self.header.model.clone(),
+            choices,
+            usage,
+        }
+    }
+
+    fn write_sse(&mut self, chunk: &impl Serialize) -> Result<()> {
+        self.out.write_all(b"data: ")?;
+        serde_json::to_writer(&mut self.out, chunk).map_err(std::io::Error::from)?;
+        self.out.write_all(b"\n\n")?;
+        self.out.flush()?;
+        Ok(())
+    }
+}
+
+/// A chat ends at its turn's end (`stop`) or its length.
+fn reason(finish: Finish) -> ChatFinishReason {
+    match finish {
+        Finish::Stop | Finish::Eos => ChatFinishReason::Stop,
+        Finish::Length => ChatFinishReason::Length,
+    }
+}
+
+/// One token in the chat endpoint's logprobs shape, its alternatives best
+/// first.
+fn token_logprob(t: &TokenInfo) -> ChatTokenLogprob {
+    let mut top = t.top.clone();
+    top.sort_by(|a, b| b.1.total_cmp(&a.1));
+    ChatTokenLogprob {
+        token: t.text.clone(),
+        logprob: t.logprob.unwrap_or(0.0),
+        bytes: t.text.as_bytes().to_vec(),
+        top_logprobs: top
+            .into_iter()
+            .map(|(text, logprob)| ChatTopLogprob {
+                bytes: text.as_bytes().to_vec(),
+                token: text,
+                logprob,
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{ChoiceResult, Drafts, JobResult};
+    use crate::request::RawRequest;
+    use serde_json::Value;
+
+    fn request(body: &str) -> Request {
+        Request::validate(&RawRequest::from_json(body, "test").unwrap()).unwrap()
+    }
+
+    fn token(text: &str) -> TokenInfo {
+        TokenInfo {
+            id: 7,
+            text: text.to_string(),
+            logprob: Some(-0.5),
+            top: vec![("b".into(), -2.0), (text.to_string(), -0.5)],
+            special: false,
+        }
+    }
+
+    fn done(text: &str) -> JobResult {
+        JobResult {
+            prompt_tokens: 3,
+            completion_tokens: 2,
+            prompt: None,
+            choices: vec![ChoiceResult {
+                index: 0,
+                seed: None,
+                text: text.to_string(),
+                finish: Finish::Eos,
+                tokens: Some(vec![token("Hi"), token("!")]),
+            }],
+            drafts: Drafts::default(),
+            reused: 0,
+        }
+    }
+
+    fn events(w: &mut ChatWriter<&mut Vec<u8>>, pieces: &[(&str, Option<Finish>)]) {
+        for (text, finish) in pieces {
+            let t = token(text);
+            w.event(Event::Token {
+                job: 0,
+                choice: 0,
+                seed: None,
+                token: &t,
+                text,
+                finish: *finish,
+                usage: None,
+            })
+            .unwrap();
+        }
+        w.event(Event::Done {
+            job: 0,
+            result: done("Hi!"),
+        })
+        .unwrap();
+        w.finish().unwrap();
+    }
+
+    #[test]
+    fn a_stream_sends_the_role_first_then_the_content_then_the_usage() {
+        let mut out = Vec::new();
+        let r = request(r#"{"prompt": "x", "stream": true, "logprobs": 1}"#);
+        let mut w = ChatWriter::new(&mut out, 0, "m", &r, true);
+        events(
+            &mut w,
+            &[("Hi", None), ("", None), ("!", Some(Finish::Eos))],
+        );
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+        let chunks: Vec<Value> = text
+            .split_terminator("\n\n")
+            .filter_map(|e| e.strip_prefix("data: "))
+            .filter(|e| *e != "[DONE]")
+            .map(|e| serde_json::from_str(e).unwrap())
+            .collect();
+        // The empty middle piece is sent nowhere; the usage comes last.
+        assert_eq!(chunks.len(), 3, "{text}");
+        let first = &chunks[0]["choices"][0];
+        assert_eq!(first["delta"]["role"], "assistant");
+        assert_eq!(first["delta"]["content"], "Hi");
+        assert_eq!(first["finish_reason"], Value::Null);
+        let top = &first["logprobs"]["content"][0]["top_logprobs"];
+        assert_eq!(top[0]["token"], "Hi", "best first: {top}");
+        assert_eq!(top[1]["bytes"], serde_json::json!([98]));
+        let last = &chunks[1]["choices"][0];
+        assert!(last["delta"].get("role").is_none());
+        assert_eq!(last["finish_reason"], "stop");
+        assert_eq!(chunks[2]["choices"], serde_json::json!([]));
+        assert_eq!(chunks[2]["usage"]["total_tokens"], 5);
+        assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk"
+            && c["id"].as_str().unwrap().starts_with("chatcmpl-")));
+    }
+
+    #[test]
+    fn a_whole_answer_is_one_chat_completion() {
+        let mut out = Vec::new();
+        let r = request(r#"{"prompt": "x"}"#);
+        let mut w = ChatWriter::new(&mut out, 0, "m", &r, false);
+        events(&mut w, &[]);
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["object"], "chat.completion");
+        assert_eq!(v["model"], "m");
+        let choice = &v["choices"][0];
+        assert_eq!(choice["message"]["role"], "assistant");
+        assert_eq!(choice["message"]["content"], "Hi!");
+        assert_eq!(choice["finish_reason"], "stop");
+        assert_eq!(choice["logprobs"], Value::Null, "not asked for");
+        assert_eq!(v["usage"]["prompt_tokens"], 3);
+    }
+}
