@@ -72,13 +72,13 @@ struct Shared {
     /// Milliseconds from `born` to the last request's arrival or end.
     last_active: Arc<AtomicU64>,
     born: Instant,
-    /// For `--ps`: the model file and load settings.
-    path: PathBuf,
+    /// For `--ps`: the load settings (the model file is the engine's).
     settings: String,
     keep_alive: Option<Duration>,
     /// The safety models requests name.
     guards: guard::Desk,
-    /// For chat requests' templates, rendered before they are queued.
+    /// Its model: chat requests' templates, rendered before they are
+    /// queued, and the file `--ps` shows and the server watches.
     engine: &'static Engine,
 }
 
@@ -125,7 +125,6 @@ pub fn run(
         metrics: Arc::new(metrics::Metrics::default()),
         last_active: Arc::new(AtomicU64::new(0)),
         born: Instant::now(),
-        path: engine.model_file().to_path_buf(),
         settings: settings(runtime, opts),
         keep_alive: opts.keep_alive,
         guards: guard::Desk::start(runtime),
@@ -398,7 +397,7 @@ async fn serve(
         .keep_alive(true);
     let conns = Arc::new(conns::Conns::new(connections));
     let mut poll = tokio::time::interval(Duration::from_millis(100));
-    let model_file = wire::identity(&shared.path).ok();
+    let model_file = wire::identity(shared.engine.model_file()).ok();
     let mut ticks = 0u64;
     // Idle from now, not from before the context and the calibration: a
     // short keep-alive must not end a resident before its caller's request.
@@ -457,8 +456,8 @@ async fn serve(
                     }
                 }
                 // Once a second: never answer for another file than the one loaded.
-                if ticks % 10 == 0 && wire::identity(&shared.path).ok() != model_file {
-                    eprintln!("cmpl: the model file {} changed on disk: stopping", shared.path.display());
+                if ticks % 10 == 0 && wire::identity(shared.engine.model_file()).ok() != model_file {
+                    eprintln!("cmpl: the model file {} changed on disk: stopping", shared.engine.model_file().display());
                     break Stop::Drained;
                 }
             }
@@ -604,7 +603,7 @@ fn status(shared: &Shared, in_flight: u64) -> String {
     serde_json::json!({
         "pid": std::process::id(),
         "model": shared.model,
-        "path": shared.path,
+        "path": shared.engine.model_file(),
         "settings": shared.settings,
         "memory_bytes": metrics::resident_bytes(),
         "idle_seconds": idle,
@@ -642,6 +641,20 @@ async fn run_for_caller(req: hyper::Request<Incoming>, shared: &Shared) -> Respo
         let e = CmplError::invalid("chat_template", "this server does not run templates sent in requests; it is started with --trust-request-templates to take them");
         return error(StatusCode::BAD_REQUEST, &e);
     }
+    // Rendered off the decode loop, as a chat on the endpoints is; a
+    // template's refusal travels as an event, as the engine's would.
+    let request = match render_chats(vec![ask.request], shared).await {
+        Ok(mut one) => one.remove(0),
+        Err(error) => {
+            shared.metrics.answered(status_of(&error).as_u16());
+            let line = wire::line(&crate::backend::Owned::Rejected { error });
+            return hyper::Response::builder()
+                .status(StatusCode::OK)
+                .header(hyper::header::CONTENT_TYPE, "application/x-ndjson")
+                .body(Full::new(Bytes::from(line)).boxed())
+                .unwrap_or_else(|_| hyper::Response::new(Full::new(Bytes::new()).boxed()));
+        }
+    };
     let Some(mut places) = InFlight::reserve(shared, 1) else {
         let (status, e) = busy("the server is busy: too many requests waiting; retry later");
         return error(status, &e);
@@ -652,7 +665,7 @@ async fn run_for_caller(req: hyper::Request<Incoming>, shared: &Shared) -> Respo
     };
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let submission = Submission {
-        request: ask.request,
+        request,
         model: shared.model.clone(),
         path: wire::RUN.to_string(),
         chat: None,
@@ -718,7 +731,8 @@ async fn complete(req: hyper::Request<Incoming>, shared: &Shared) -> Response {
     };
     drop(body);
     // A chat template renders on a blocking thread (in its bounded child),
-    // never on the decode loop, whose other clients would wait for it.
+    // never on the decode loop, whose other clients would wait for it
+    // (callers' requests too, in `run_for_caller`).
     let requests = match render_chats(requests, shared).await {
         Ok(r) => r,
         Err(e) => return error(status_of(&e), &e),
