@@ -8,9 +8,8 @@ use crate::config::Config;
 use crate::error::{CmplError, Result};
 use crate::options::Invocation;
 use crate::request::{RawRequest, Request};
-use crate::safety::Guard;
 use crate::signal::INTERRUPTED;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::Path;
 
@@ -23,8 +22,6 @@ struct Line {
     /// The prompt, when echoed (a chat's as its template rendered it).
     echoed: Option<String>,
     logprobs: Option<u32>,
-    /// The request, where a safety model judges its answers.
-    guarded: Option<Request>,
 }
 
 /// Reads the lines of `file` (stdin for `None` or `-`), skipping blank ones.
@@ -72,31 +69,19 @@ pub fn run(inv: &Invocation, config: &Config, file: Option<&Path>) -> Result<boo
     };
     let mut requests = Vec::new();
     let mut meta = Vec::new();
-    let mut guards = HashMap::new();
     for (i, (number, text)) in lines.iter().enumerate() {
         let mut header = header(created, i, text);
-        let parsed = parse(&config.request, &inv.flags, text, &header).and_then(|request| {
-            if let Some(named) = &request.safety_model {
-                if !guards.contains_key(named) {
-                    guards.insert(named.clone(), Guard::open(named, &inv.runtime)?);
-                }
-                guards[named].check_prompt(&request)?;
-            }
-            Ok(request)
-        });
-        match parsed {
+        match parse(&config.request, &inv.flags, text, &header) {
             Ok(request) => {
                 // The model as the line names it, else the run's.
                 header.model = request.model.clone().unwrap_or_else(|| model.clone());
                 let echoed = request.echo.then(|| request.prompt.clone());
-                let guarded = request.safety_model.is_some().then(|| request.clone());
                 meta.push(Line {
                     index: i,
                     number: *number,
                     header,
                     echoed,
                     logprobs: request.logprobs,
-                    guarded,
                 });
                 requests.push(request);
             }
@@ -136,21 +121,11 @@ pub fn run(inv: &Invocation, config: &Config, file: Option<&Path>) -> Result<boo
                 prompt_tokens += u64::from(result.prompt_tokens);
                 let Line {
                     index: line,
-                    number,
                     header,
                     echoed,
                     logprobs,
-                    guarded,
+                    ..
                 } = &meta[job];
-                if let Some(request) = guarded {
-                    let guard = &guards[request.safety_model.as_deref().unwrap_or_default()];
-                    if let Err(e) = guard.check_answers(request, &result) {
-                        out.fail(*line, *number, e);
-                        out.write_ready()?;
-                        progress.done();
-                        return Ok(());
-                    }
-                }
                 let response = crate::printer::response(
                     header,
                     echoed.as_deref().unwrap_or_default(),

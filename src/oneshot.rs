@@ -2,7 +2,7 @@
 //! sibling of `batch` over the same parts.
 
 use crate::api::ResponseHeader;
-use crate::backend::{Event, Owned, RunOptions};
+use crate::backend::{Event, RunOptions};
 use crate::config::Config;
 use crate::error::Result;
 use crate::input::{self, Input};
@@ -49,13 +49,6 @@ pub fn run(inv: &Invocation, config: &Config, json: &mut bool) -> Result<()> {
         &inv.runtime,
     )?;
     let header = ResponseHeader::new(&model);
-    let guard = match &request.safety_model {
-        Some(named) => Some(crate::safety::Guard::open(named, &inv.runtime)?),
-        None => None,
-    };
-    if let Some(guard) = &guard {
-        guard.check_prompt(&request)?;
-    }
 
     let format = match (*json, request.stream) {
         (false, _) => Format::Text,
@@ -74,9 +67,6 @@ pub fn run(inv: &Invocation, config: &Config, json: &mut bool) -> Result<()> {
     };
     let heat_map = color && format == Format::Text && request.logprobs.is_some() && request.n == 1;
     let verbose = inv.runtime.verbose && inv.runtime.remote.is_none();
-    // With a guard, the answer waits for its verdict: nothing is shown
-    // (streams included) until it is found safe.
-    let mut held: Vec<Owned> = Vec::new();
     let mut show = |event: Event| -> Result<()> {
         match event {
             Event::Rejected { error, .. } => return Err(error),
@@ -95,24 +85,7 @@ pub fn run(inv: &Invocation, config: &Config, json: &mut bool) -> Result<()> {
         }
         printer.event(event)
     };
-    let outcome = match &guard {
-        None => backend.run(vec![request], &opts, &INTERRUPTED, &mut show),
-        Some(guard) => backend
-            .run(vec![request.clone()], &opts, &INTERRUPTED, &mut |event| {
-                if let Event::Rejected { error, .. } = event {
-                    return Err(error);
-                }
-                if let Event::Done { result, .. } = &event {
-                    guard.check_answers(&request, result)?;
-                }
-                held.push(Owned::from(&event));
-                Ok(())
-            })
-            .and_then(|()| {
-                held.drain(..)
-                    .try_for_each(|owned| owned.report(0, &mut show))
-            }),
-    };
+    let outcome = backend.run(vec![request], &opts, &INTERRUPTED, &mut show);
     match outcome {
         Ok(()) => printer.finish(),
         Err(e) => {

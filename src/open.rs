@@ -1,11 +1,12 @@
 //! Chooses the backend a run asks for: a server's API (`--base-url`), a
 //! resident holding the model (`--keep-alive`), or the model loaded here
-//! (`load`).
+//! (`load`), with the safety step around it (`safety::Guarded`).
 
 use crate::backend::Backend;
 use crate::error::Result;
 use crate::options::Runtime;
 use crate::remote::Remote;
+use crate::safety::Guarded;
 
 /// The backend for a run, and the name its responses carry in `model`:
 /// `named` is the model the request or -m names, `config_model` the config
@@ -13,6 +14,16 @@ use crate::remote::Remote;
 /// its output is out, and the OS releases a model sooner than llama.cpp's
 /// destructors would.
 pub fn backend(
+    named: Option<&str>,
+    config_model: Option<&str>,
+    runtime: &Runtime,
+) -> Result<(&'static dyn Backend, String)> {
+    let (inner, name) = unguarded(named, config_model, runtime)?;
+    Ok((Box::leak(Box::new(Guarded::new(inner, runtime))), name))
+}
+
+/// The backend alone: what a guard model itself runs on.
+pub fn unguarded(
     named: Option<&str>,
     config_model: Option<&str>,
     runtime: &Runtime,

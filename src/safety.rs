@@ -4,14 +4,22 @@
 //! turn. A flagged prompt is never answered and a flagged answer never
 //! shown: either is an error of its own kind (`content_filter`, exit 3)
 //! that names the categories the guard gave.
+//!
+//! It is one step around any backend ([`Guarded`], chosen where the backend
+//! is opened): a guarded job's events are held ([`Held`]) until its answers'
+//! verdict, then reported as they came, or as the job's rejection. No face
+//! knows of it but the server, which asks for verdicts off its decode loop
+//! with the same two parts ([`Guards`], [`Held`]).
 
-use crate::backend::{Backend, Event, JobResult, RunOptions};
+use crate::backend::{Backend, Event, JobResult, Owned, RunOptions, Sink};
 use crate::error::{CmplError, ErrorKind, Result};
 use crate::options::Runtime;
 use crate::request::{RawRequest, Request};
 use crate::signal::INTERRUPTED;
 use crate::template::Message;
 use serde_json::json;
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
@@ -70,7 +78,7 @@ impl Guard {
             lookup: Some(0),
             ..runtime.clone()
         };
-        let (backend, name) = crate::open::backend(Some(named), None, &local).map_err(|e| {
+        let (backend, name) = crate::open::unguarded(Some(named), None, &local).map_err(|e| {
             CmplError {
                 message: format!("safety model: {}", e.message),
                 ..e
@@ -98,15 +106,6 @@ impl Guard {
     pub fn check_answers(&self, request: &Request, result: &JobResult) -> Result<()> {
         let texts = result.choices.iter().map(|c| (c.index, c.text.as_str()));
         self.check_each(request, texts)
-    }
-
-    /// Refuses answers (text by choice) when the guard flags one.
-    pub fn check_texts(
-        &self,
-        request: &Request,
-        answers: &std::collections::BTreeMap<u32, String>,
-    ) -> Result<()> {
-        self.check_each(request, answers.iter().map(|(i, t)| (*i, t.as_str())))
     }
 
     fn check_each<'a>(
@@ -224,6 +223,151 @@ impl Guard {
             );
         }
         Ok(verdict)
+    }
+}
+
+/// The guard models a run's requests name, each opened at its first use
+/// (one that fails to open is tried again by the next request naming it).
+pub struct Guards {
+    runtime: Runtime,
+    open: HashMap<String, Guard>,
+}
+
+impl Guards {
+    /// Guards opened with `runtime`'s settings (see [`Guard::open`]).
+    pub fn new(runtime: &Runtime) -> Guards {
+        Guards {
+            runtime: runtime.clone(),
+            open: HashMap::new(),
+        }
+    }
+
+    fn of(&mut self, request: &Request) -> Result<&Guard> {
+        let named = request.safety_model.as_deref().unwrap_or_default();
+        if !self.open.contains_key(named) {
+            let guard = Guard::open(named, &self.runtime)?;
+            self.open.insert(named.to_string(), guard);
+        }
+        Ok(&self.open[named])
+    }
+
+    /// Refuses `request` when its guard flags its prompt.
+    pub fn check_prompt(&mut self, request: &Request) -> Result<()> {
+        self.of(request)?.check_prompt(request)
+    }
+
+    /// Refuses `result` when `request`'s guard flags one of its answers.
+    pub fn check_answers(&mut self, request: &Request, result: &JobResult) -> Result<()> {
+        self.of(request)?.check_answers(request, result)
+    }
+}
+
+/// A guarded job's events, held until its answers are judged.
+pub struct Held {
+    request: Request,
+    events: Vec<Owned>,
+}
+
+impl Held {
+    pub fn new(request: Request) -> Held {
+        Held {
+            request,
+            events: Vec::new(),
+        }
+    }
+
+    /// Holds `event` (a rejection is never held: it shows nothing).
+    pub fn hold(&mut self, event: &Event) {
+        self.events.push(Owned::from(event));
+    }
+
+    /// Once the job's `Done` is held: its events to report as they came
+    /// when the guard finds every answer safe, else the job's rejection.
+    pub fn judge(self, guards: &mut Guards) -> Result<Vec<Owned>> {
+        match self.events.last() {
+            Some(Owned::Done { result }) => guards.check_answers(&self.request, result)?,
+            _ => {
+                return Err(CmplError::internal(
+                    "a guarded job was judged before its end",
+                ))
+            }
+        }
+        Ok(self.events)
+    }
+}
+
+/// Any backend with its requests' `safety_model`s: a flagged prompt is
+/// its job's rejection and never reaches the backend; a job's answers are
+/// held until they are found safe, else the job is rejected. Requests
+/// without one pass as they are.
+pub struct Guarded {
+    inner: &'static dyn Backend,
+    guards: RefCell<Guards>,
+}
+
+impl Guarded {
+    pub fn new(inner: &'static dyn Backend, runtime: &Runtime) -> Guarded {
+        Guarded {
+            inner,
+            guards: RefCell::new(Guards::new(runtime)),
+        }
+    }
+}
+
+impl Backend for Guarded {
+    fn run(
+        &self,
+        requests: Vec<Request>,
+        opts: &RunOptions,
+        interrupted: &AtomicBool,
+        sink: &mut Sink,
+    ) -> Result<()> {
+        if requests.iter().all(|r| r.safety_model.is_none()) {
+            return self.inner.run(requests, opts, interrupted, sink);
+        }
+        // The inner run's job `i` is job `jobs[i]` of this one.
+        let (mut jobs, mut admitted) = (Vec::new(), Vec::new());
+        let mut held: HashMap<usize, Held> = HashMap::new();
+        for (job, request) in requests.into_iter().enumerate() {
+            if request.safety_model.is_some() {
+                if let Err(error) = self.guards.borrow_mut().check_prompt(&request) {
+                    sink(Event::Rejected { job, error })?;
+                    continue;
+                }
+                held.insert(job, Held::new(request.clone()));
+            }
+            jobs.push(job);
+            admitted.push(request);
+        }
+        if admitted.is_empty() {
+            return Ok(());
+        }
+        self.inner
+            .run(admitted, opts, interrupted, &mut |event: Event| {
+                let job = jobs[event.job()];
+                let event = event.for_job(job);
+                if !held.contains_key(&job) {
+                    return sink(event);
+                }
+                match event {
+                    Event::Rejected { .. } => {
+                        held.remove(&job);
+                        sink(event)
+                    }
+                    Event::Done { .. } => {
+                        let mut holding = held.remove(&job).expect("held above");
+                        holding.hold(&event);
+                        match holding.judge(&mut self.guards.borrow_mut()) {
+                            Ok(events) => events.into_iter().try_for_each(|e| e.report(job, sink)),
+                            Err(error) => sink(Event::Rejected { job, error }),
+                        }
+                    }
+                    _ => {
+                        held.entry(job).and_modify(|h| h.hold(&event));
+                        Ok(())
+                    }
+                }
+            })
     }
 }
 

@@ -5,20 +5,22 @@
 //! there). A request whose client has gone is cancelled, and its slots freed.
 
 use super::body::Out;
-use super::chat::ChatWriter;
+use super::limits::InFlight;
 use super::metrics::{Finished, Metrics};
-use super::InFlight;
+use super::verdicts::Verdicts;
 use crate::api::ResponseHeader;
-use crate::backend::{Drafts, Event};
+use crate::backend::{Drafts, Event, Owned};
+use crate::chat_printer::ChatWriter;
 use crate::engine::{Arrival, Cells, Engine};
 use crate::error::{CmplError, ErrorKind, Result};
 use crate::printer::{Format, Printer};
 use crate::request::Request;
+use crate::safety::Held;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -58,6 +60,9 @@ struct Client {
     drafts: Drafts,
     /// Prompt tokens the prefix cache spared.
     reused: u32,
+    /// Its events until its safety model's verdict (a cmpl caller's
+    /// are judged by the caller's own run).
+    held: Option<Held>,
     _slot: InFlight,
 }
 
@@ -119,15 +124,16 @@ impl Write for Channel {
 
 /// Serves what arrives on `submissions` until it closes and all are
 /// answered, or `abort` is set. `ready` hears once the engine can take
-/// requests (its context made); an error before that drops it unheard.
+/// requests (its context made: `parallel` slots in `ctx_size` cells); an
+/// error before that drops it unheard.
 pub fn run(
     engine: &Engine,
-    parallel: u32,
-    ctx_size: Option<u32>,
+    (parallel, ctx_size): (u32, Option<u32>),
     submissions: mpsc::Receiver<Submission>,
     ready: mpsc::Sender<()>,
     abort: &AtomicBool,
-    metrics: &Metrics,
+    metrics: &Arc<Metrics>,
+    verdicts: &Verdicts,
 ) -> Result<()> {
     let clients: RefCell<HashMap<usize, Client>> = RefCell::new(HashMap::new());
     let mut index = 0usize;
@@ -184,10 +190,13 @@ pub fn run(
                 false,
             )),
         };
+        let held = (submission.caller.is_none() && submission.request.safety_model.is_some())
+            .then(|| Held::new(submission.request.clone()));
         clients.borrow_mut().insert(
             index,
             Client {
                 face,
+                held,
                 tx: submission.tx,
                 path: submission.path,
                 started: submission.started,
@@ -225,7 +234,7 @@ pub fn run(
             match event {
                 Event::Rejected { ref error, .. } if matches!(client.face, Face::Events(_)) => {
                     // A caller's error travels as an event, to be printed there.
-                    metrics.answered(super::status_of(error).as_u16());
+                    metrics.answered(super::reply::status_of(error).as_u16());
                     let _ = client.face.event(event);
                     clients.remove(&job);
                     Ok(())
@@ -234,6 +243,20 @@ pub fn run(
                     // An error response: the HTTP side logs it, as any other.
                     let _ = client.tx.send(Out::Error(error));
                     clients.remove(&job);
+                    Ok(())
+                }
+                Event::Done { ref result, .. } if client.held.is_some() => {
+                    client.drafts = result.drafts;
+                    client.reused = result.reused;
+                    client.prompt_tokens = result.prompt_tokens;
+                    // Judged on the guards' thread; answered from there.
+                    let mut client = clients.remove(&job).expect("looked up above");
+                    let mut held = client.held.take().expect("guarded");
+                    held.hold(&event);
+                    let metrics = metrics.clone();
+                    verdicts.send(Box::new(move |guards| {
+                        judged(client, job, held.judge(guards), &metrics)
+                    }));
                     Ok(())
                 }
                 Event::Done { ref result, .. } => {
@@ -257,10 +280,16 @@ pub fn run(
                     if let Event::Token { usage: Some(u), .. } = &other {
                         client.tokens += u.completion_tokens;
                     }
-                    client.face.event(other).map_err(|_| {
-                        log(clients.remove(&job), 499, metrics);
-                        cancelled()
-                    })
+                    match &mut client.held {
+                        Some(held) => {
+                            held.hold(&other);
+                            Ok(())
+                        }
+                        None => client.face.event(other).map_err(|_| {
+                            log(clients.remove(&job), 499, metrics);
+                            cancelled()
+                        }),
+                    }
                 }
             }
         };
@@ -270,6 +299,25 @@ pub fn run(
     // Ctrl-C stops the server by closing `submissions`; requests in flight
     // finish, until the drain time sets `abort` (a second signal exits at once).
     engine.serve(parallel, ctx_size, &mut next, abort, &mut sink)
+}
+
+/// A guarded answer, its verdict given: printed as it came, or refused
+/// (no byte of it was sent; the HTTP side answers and logs the error).
+fn judged(mut client: Client, job: usize, verdict: Result<Vec<Owned>>, metrics: &Metrics) {
+    match verdict {
+        Err(error) => {
+            let _ = client.tx.send(Out::Error(error));
+        }
+        Ok(events) => {
+            let face = &mut client.face;
+            let printed = events
+                .into_iter()
+                .try_for_each(|e| e.report(job, &mut |event| face.event(event)))
+                .and_then(|()| face.finish());
+            let status = if printed.is_ok() { 200 } else { 499 };
+            log(Some(client), status, metrics);
+        }
+    }
 }
 
 fn cancelled() -> CmplError {

@@ -1,0 +1,169 @@
+//! The route table: which path is which answer, what method it takes,
+//! and what must hold before it is answered (the API key, a Unix socket).
+
+use super::reply::{error, json, Response};
+use super::{about, auth, caller, completions, Shared};
+use crate::error::CmplError;
+use crate::wire;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Method, StatusCode};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What a path asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    Health,
+    Models,
+    Metrics,
+    /// What `--ps` shows.
+    Status,
+    Completions,
+    Chat,
+    /// A cmpl caller's run, on a Unix socket only.
+    Caller,
+}
+
+/// Every path the server answers, the API's with and without `/v1`.
+const TABLE: &[(&str, Route)] = &[
+    ("/v1/completions", Route::Completions),
+    ("/completions", Route::Completions),
+    ("/v1/chat/completions", Route::Chat),
+    ("/chat/completions", Route::Chat),
+    ("/v1/models", Route::Models),
+    ("/models", Route::Models),
+    ("/health", Route::Health),
+    ("/v1/health", Route::Health),
+    ("/metrics", Route::Metrics),
+    (wire::STATUS, Route::Status),
+    (wire::RUN, Route::Caller),
+];
+
+impl Route {
+    pub fn of(path: &str) -> Option<Route> {
+        TABLE.iter().find(|(p, _)| *p == path).map(|(_, r)| *r)
+    }
+
+    /// The method it takes; `None`: any (a health check).
+    fn method(self) -> Option<Method> {
+        match self {
+            Route::Health => None,
+            Route::Models | Route::Metrics | Route::Status => Some(Method::GET),
+            Route::Completions | Route::Chat | Route::Caller => Some(Method::POST),
+        }
+    }
+
+    /// A completion: counted in the metrics, and logged by the decode loop
+    /// once its answer is whole.
+    pub fn completes(self) -> bool {
+        matches!(self, Route::Completions | Route::Chat | Route::Caller)
+    }
+}
+
+pub async fn handle(req: hyper::Request<Incoming>, shared: Arc<Shared>) -> Response {
+    let started = Instant::now();
+    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    let response = route(req, &shared).await;
+    let completes = Route::of(&path).is_some_and(Route::completes);
+    if completes && response.status() != StatusCode::OK {
+        shared.metrics.answered(response.status().as_u16());
+    }
+    // Completions log when their answer is whole (the worker); others here.
+    if !completes || response.status() != StatusCode::OK {
+        eprintln!(
+            "cmpl: {method} {path} {} {:.3} s",
+            response.status().as_u16(),
+            started.elapsed().as_secs_f64()
+        );
+    }
+    response
+}
+
+const NO_ROUTE: &str =
+    "the API is POST /v1/completions, POST /v1/chat/completions and GET /v1/models";
+
+async fn route(req: hyper::Request<Incoming>, shared: &Shared) -> Response {
+    let path = req.uri().path().to_string();
+    let Some(route) = Route::of(&path).filter(|r| *r != Route::Caller || shared.callers) else {
+        let on = if Route::of(&path).is_some() {
+            " on a TCP listener"
+        } else {
+            ""
+        };
+        let e = CmplError::invalid("path", format!("no route {path}{on}; {NO_ROUTE}"));
+        return error(StatusCode::NOT_FOUND, &e);
+    };
+    if route == Route::Health {
+        return json(
+            StatusCode::OK,
+            serde_json::json!({"status": "ok"}).to_string(),
+        );
+    }
+    if let Err(e) = auth::check(req.headers(), shared.key.as_deref()) {
+        return error(StatusCode::UNAUTHORIZED, &e);
+    }
+    if let Some(method) = route.method().filter(|m| m != req.method()) {
+        let e = CmplError::invalid("method", format!("{path} takes {method}"));
+        return error(StatusCode::METHOD_NOT_ALLOWED, &e);
+    }
+    let in_flight = || shared.queue.len() as u64;
+    match route {
+        Route::Health => unreachable!("answered above"),
+        Route::Models => json(StatusCode::OK, about::models(&shared.policy.model)),
+        Route::Status => json(StatusCode::OK, about::status(shared, in_flight())),
+        Route::Metrics => hyper::Response::builder()
+            .status(StatusCode::OK)
+            .header(
+                hyper::header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )
+            .body(
+                Full::new(Bytes::from(
+                    shared.metrics.render(in_flight(), shared.policy.parallel),
+                ))
+                .boxed(),
+            )
+            .unwrap_or_else(|_| hyper::Response::new(Full::new(Bytes::new()).boxed())),
+        Route::Caller => caller::run_for_caller(req, shared).await,
+        Route::Completions => completions::complete(req, shared, false).await,
+        Route::Chat => completions::complete(req, shared, true).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_path_is_one_route_with_its_method() {
+        assert_eq!(Route::of("/v1/completions"), Some(Route::Completions));
+        assert_eq!(Route::of("/chat/completions"), Some(Route::Chat));
+        assert_eq!(Route::of("/v1/completion"), None);
+        assert_eq!(Route::of("/v1/completions/"), None);
+        assert_eq!(Route::Models.method(), Some(Method::GET));
+        assert_eq!(Route::Chat.method(), Some(Method::POST));
+        assert_eq!(Route::Health.method(), None);
+        let completing: Vec<&str> = TABLE
+            .iter()
+            .filter(|(_, r)| r.completes())
+            .map(|(p, _)| *p)
+            .collect();
+        assert_eq!(
+            completing,
+            [
+                "/v1/completions",
+                "/completions",
+                "/v1/chat/completions",
+                "/chat/completions",
+                wire::RUN
+            ]
+        );
+        // No path twice.
+        let mut paths: Vec<&str> = TABLE.iter().map(|(p, _)| *p).collect();
+        paths.sort();
+        paths.dedup();
+        assert_eq!(paths.len(), TABLE.len());
+    }
+}
