@@ -214,7 +214,7 @@ _cmpl() {
                     return 0
                     ;;
                 --generate)
-                    COMPREPLY=($(compgen -W "man complete-bash complete-zsh complete-fish complete-powershell complete-elvish" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "man complete-bash complete-zsh complete-fish complete-powershell complete-elvish fields" -- "${cur}"))
                     return 0
                     ;;
                 *)

@@ -50,7 +50,8 @@ complete-bash\t''
 complete-zsh\t''
 complete-fish\t''
 complete-powershell\t''
-complete-elvish\t''"
+complete-elvish\t''
+fields\t''"
 complete -c cmpl -l json-object -d 'The text is a JSON object (response_format json_object)'
 complete -c cmpl -l json -d 'Print the API\'s JSON: one CompletionResponse, or SSE chunks with --stream'
 complete -c cmpl -l no-prefix-cache -d 'Evaluate every prompt from its first token, instead of starting from the KV cells of an earlier prompt that began the same way (batch lines, server requests; kept while memory allows)'

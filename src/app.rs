@@ -3,6 +3,7 @@
 
 use crate::cli::{self, Cli};
 use crate::error::{CmplError, ErrorKind};
+use crate::fields;
 use crate::options::Action;
 use clap::{CommandFactory, Parser};
 use std::io::{IsTerminal, Read, Write};
@@ -63,13 +64,13 @@ fn serve(
     config: &crate::config::Config,
     opts: &crate::options::ServeOptions,
 ) -> crate::error::Result<()> {
-    let named = inv.flags.get("model").and_then(|m| m.as_str());
-    let (engine, name) = crate::load::local(named, config.model.as_deref(), &inv.runtime)?;
+    let named = inv.flags.get(fields::MODEL.name).and_then(|m| m.as_str());
+    let (engine, name) = crate::local::load_named(named, config.model.as_deref(), &inv.runtime)?;
     // Request flags given at start are the server's defaults, over the
     // config's, as they are a one-shot's (`--chat-template`, `--temperature`);
     // what names the model or how this process prints is not a request's.
     let mut flags = inv.flags.clone();
-    for face in ["model", "prompt", "stream"] {
+    for face in [fields::MODEL.name, fields::PROMPT.name, fields::STREAM.name] {
         flags.fields.remove(face);
     }
     let config = crate::config::Config {

@@ -6,6 +6,7 @@ use crate::api::ResponseHeader;
 use crate::backend::{Drafts, Event, RunOptions};
 use crate::config::Config;
 use crate::error::{CmplError, Result};
+use crate::fields;
 use crate::options::Invocation;
 use crate::request::{RawRequest, Request};
 use crate::signal::INTERRUPTED;
@@ -52,7 +53,7 @@ pub fn run(inv: &Invocation, config: &Config, file: Option<&Path>) -> Result<boo
         return Ok(true);
     }
     let (backend, model) = crate::open::backend(
-        inv.flags.get("model").and_then(|m| m.as_str()),
+        inv.flags.get(fields::MODEL.name).and_then(|m| m.as_str()),
         config.model.as_deref(),
         &inv.runtime,
     )?;

@@ -4,7 +4,8 @@
 //! checked by the face against the same definitions as their flags.
 
 use crate::error::{CmplError, Result};
-use crate::request::{RawRequest, Request, FIELDS};
+use crate::fields;
+use crate::request::{RawRequest, Request};
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 
@@ -56,21 +57,21 @@ pub fn load(runtime_keys: &[&str]) -> Result<Config> {
             "0" | "false" | "no" | "off" => false,
             _ => {
                 return Err(CmplError::invalid(
-                    "chat",
+                    fields::CHAT.name,
                     format!(
                         "CMPL_CHAT={value:?} is not a switch; set it to 1 (chat templates on) or 0"
                     ),
                 ))
             }
         };
-        config.request.set("chat", Value::Bool(on));
+        config.request.set(fields::CHAT.name, Value::Bool(on));
     }
     Ok(config)
 }
 
 /// The chat fields a config file may set as defaults (a template is given
 /// as a file, with --chat-template).
-const CONFIG_CHAT_KEYS: &[&str] = &["chat", "system"];
+const CONFIG_CHAT_KEYS: &[&str] = &[fields::CHAT.name, fields::SYSTEM.name];
 
 fn read(path: &Path, runtime_keys: &[&str]) -> Result<Config> {
     let bad = |message: String| {
@@ -98,28 +99,33 @@ fn read(path: &Path, runtime_keys: &[&str]) -> Result<Config> {
         let bad_key = |message: String| bad(format!("key `{key}`: {message}")).with_param(&key);
         if runtime_keys.contains(&key.as_str()) {
             config.runtime.insert(key, value);
-        } else if key == "model" {
+        } else if key == fields::MODEL.name {
             let Value::String(model) = value else {
                 return Err(bad_key(format!(
                     "must be a string (a path or a model name), not {value}"
                 )));
             };
             config.model = Some(model);
-        } else if key == "prompt" {
+        } else if key == fields::PROMPT.name {
             return Err(bad_key(
                 "a prompt is not a default; give it on the command line".into(),
             ));
-        } else if FIELDS.contains(&key.as_str()) || CONFIG_CHAT_KEYS.contains(&key.as_str()) {
+        } else if fields::names(fields::Group::Contract).any(|f| f == key)
+            || CONFIG_CHAT_KEYS.contains(&key.as_str())
+        {
             // Each field meets the request's own checks, alone.
             let mut probe = RawRequest::default();
-            probe.set("prompt", Value::String("x".into()));
+            probe.set(fields::PROMPT.name, Value::String("x".into()));
             probe.set(&key, value.clone());
             Request::validate(&probe).map_err(|e| bad_key(e.message))?;
             config.request.set(&key, value);
         } else {
             return Err(bad_key(format!(
                 "unknown key; known keys are the request fields ({}) and {}",
-                FIELDS[1..].join(", "),
+                fields::names(fields::Group::Contract)
+                    .skip(1)
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 runtime_keys.join(", ")
             )));
         }

@@ -1,6 +1,7 @@
 //! `--generate KIND`: the man page and shell completions, made from the clap
-//! definitions so every flag is documented from its one definition.
-//! The checked-in `man/` and `completions/` files are this output.
+//! definitions so every flag is documented from its one definition, and
+//! the request fields' page, from their one table (`fields`). The
+//! checked-in `man/`, `completions/` and docs/fields.md are this output.
 
 use clap::Command;
 use clap_complete::Shell;
@@ -15,16 +16,19 @@ pub enum Kind {
     CompleteFish,
     CompletePowershell,
     CompleteElvish,
+    /// docs/fields.md.
+    Fields,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 7] = [
         Kind::Man,
         Kind::CompleteBash,
         Kind::CompleteZsh,
         Kind::CompleteFish,
         Kind::CompletePowershell,
         Kind::CompleteElvish,
+        Kind::Fields,
     ];
 
     /// The name `--generate` takes.
@@ -36,6 +40,7 @@ impl Kind {
             Kind::CompleteFish => "complete-fish",
             Kind::CompletePowershell => "complete-powershell",
             Kind::CompleteElvish => "complete-elvish",
+            Kind::Fields => "fields",
         }
     }
 
@@ -56,6 +61,7 @@ impl Kind {
             Kind::CompleteFish => "completions/cmpl.fish",
             Kind::CompletePowershell => "completions/_cmpl.ps1",
             Kind::CompleteElvish => "completions/cmpl.elv",
+            Kind::Fields => "docs/fields.md",
         }
     }
 }
@@ -64,6 +70,7 @@ impl Kind {
 pub fn generate(kind: Kind, mut cmd: Command, out: &mut dyn Write) -> std::io::Result<()> {
     let shell = match kind {
         Kind::Man => return man(cmd, out),
+        Kind::Fields => return out.write_all(crate::fields::markdown().as_bytes()),
         Kind::CompleteBash => Shell::Bash,
         Kind::CompleteZsh => Shell::Zsh,
         Kind::CompleteFish => Shell::Fish,

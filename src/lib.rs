@@ -12,8 +12,8 @@
 //! the core alone: docs/architecture.md.
 
 pub use cmpl_core::{
-    api, backend, cells, chat_body, chat_printer, constraint, error, gguf, grammar, printer,
-    random, request, sandbox, stop, template,
+    api, backend, cells, chat_body, chat_printer, constraint, error, fields, gguf, grammar,
+    printer, random, request, sandbox, stop, template,
 };
 pub use cmpl_engine as engine;
 
@@ -21,11 +21,12 @@ pub mod app;
 pub mod generate;
 
 mod batch;
+mod choose;
 mod cli;
 mod config;
 mod hub;
 mod input;
-mod load;
+mod local;
 mod models;
 mod oneshot;
 mod open;

@@ -5,6 +5,7 @@ use crate::api::ResponseHeader;
 use crate::backend::{Event, RunOptions};
 use crate::config::Config;
 use crate::error::Result;
+use crate::fields;
 use crate::input::{self, Input};
 use crate::options::Invocation;
 use crate::printer::{Format, Printer};
@@ -26,13 +27,13 @@ pub fn run(inv: &Invocation, config: &Config, json: &mut bool) -> Result<()> {
             let mut raw = Input::parse_json(&text, &origin, detected)?;
             // PROMPT over the request's prompt, as any flag over its field.
             if let Some(prompt) = &inv.input.prompt {
-                raw.set("prompt", Value::String(prompt.clone()));
+                raw.set(fields::PROMPT.name, Value::String(prompt.clone()));
             }
             raw
         }
         Input::Text(prompt) => {
             let mut raw = RawRequest::default();
-            raw.set("prompt", Value::String(prompt));
+            raw.set(fields::PROMPT.name, Value::String(prompt));
             raw
         }
         Input::Nothing => RawRequest::default(),

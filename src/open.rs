@@ -1,44 +1,19 @@
-//! Chooses the backend a run asks for: a server's API (`--base-url`), a
-//! resident holding the model (`--keep-alive`), or the model loaded here
-//! (`load`), with the safety step around it (`safety::Guarded`).
+//! The backend a face runs on: the one the run asks for (`choose`), with
+//! the safety step around it (`safety::Guarded`), so that every face, and
+//! any added later, gets the same verdicts from this one place.
 
 use crate::backend::Backend;
 use crate::error::Result;
-use crate::options::Runtime;
-use crate::remote::Remote;
+use crate::options::RunSettings;
 use crate::safety::Guarded;
 
-/// The backend for a run, and the name its responses carry in `model`:
-/// `named` is the model the request or -m names, `config_model` the config
-/// file's (a local fallback). It is never dropped: the process exits once
-/// its output is out, and the OS releases a model sooner than llama.cpp's
-/// destructors would.
+/// The backend for a run, and the name its responses carry in `model`
+/// (see `choose::backend`).
 pub fn backend(
     named: Option<&str>,
     config_model: Option<&str>,
-    runtime: &Runtime,
+    runtime: &RunSettings,
 ) -> Result<(&'static dyn Backend, String)> {
-    let (inner, name) = unguarded(named, config_model, runtime)?;
+    let (inner, name) = crate::choose::backend(named, config_model, runtime)?;
     Ok((Box::leak(Box::new(Guarded::new(inner, runtime))), name))
-}
-
-/// The backend alone: what a guard model itself runs on.
-pub fn unguarded(
-    named: Option<&str>,
-    config_model: Option<&str>,
-    runtime: &Runtime,
-) -> Result<(&'static dyn Backend, String)> {
-    if let Some(endpoint) = &runtime.remote {
-        let remote = Remote::connect(endpoint, named.map(str::to_string))?;
-        let name = remote.model().to_string();
-        return Ok((Box::leak(Box::new(remote)), name));
-    }
-    let model = crate::models::resolve(named, config_model)?;
-    let name = model.name.clone();
-    if let Some(keep_alive) = runtime.keep_alive.filter(|d| !d.is_zero()) {
-        if let Some(resident) = crate::resident::open(&model, runtime, keep_alive)? {
-            return Ok((Box::leak(Box::new(resident)), name));
-        }
-    }
-    Ok((crate::load::load(model, runtime)?, name))
 }

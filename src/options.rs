@@ -39,7 +39,7 @@ pub struct InputSource {
 
 /// Settings for loading and running the model (flags over the config file).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Runtime {
+pub struct RunSettings {
     pub threads: Option<u32>,
     pub n_gpu_layers: Option<u32>,
     pub ctx_size: Option<u32>,
@@ -85,7 +85,7 @@ pub struct Invocation {
     pub input: InputSource,
     /// The request fields given as flags: the top layer.
     pub flags: RawRequest,
-    pub runtime: Runtime,
+    pub runtime: RunSettings,
     /// Answer in the API's JSON (`--json`; a JSON request or batch is JSON anyway).
     pub json: bool,
     pub color: Color,

@@ -11,9 +11,10 @@
 //! knows of it but the server, which asks for verdicts off its decode loop
 //! with the same two parts ([`Guards`], [`Held`]).
 
-use crate::backend::{Backend, Event, JobResult, Owned, RunOptions, Sink};
+use crate::backend::{Backend, Event, JobResult, OwnedEvent, RunOptions, Sink};
 use crate::error::{CmplError, ErrorKind, Result};
-use crate::options::Runtime;
+use crate::fields;
+use crate::options::RunSettings;
 use crate::request::{RawRequest, Request};
 use crate::signal::INTERRUPTED;
 use crate::template::Message;
@@ -72,18 +73,18 @@ impl Guard {
     /// run's settings, always on this machine (also beside --base-url), and
     /// without prompt lookup (a verdict is a few tokens: timing its call
     /// costs would cost more than it could save).
-    pub fn open(named: &str, runtime: &Runtime) -> Result<Guard> {
-        let local = Runtime {
+    pub fn open(named: &str, runtime: &RunSettings) -> Result<Guard> {
+        let local = RunSettings {
             remote: None,
             lookup: Some(0),
             ..runtime.clone()
         };
-        let (backend, name) = crate::open::unguarded(Some(named), None, &local).map_err(|e| {
+        let (backend, name) = crate::choose::backend(Some(named), None, &local).map_err(|e| {
             CmplError {
                 message: format!("safety model: {}", e.message),
                 ..e
             }
-            .with_param("safety_model")
+            .with_param(fields::SAFETY_MODEL.name)
         })?;
         Ok(Guard {
             backend,
@@ -94,11 +95,11 @@ impl Guard {
 
     /// Refuses `request` when the guard flags its prompt.
     pub fn check_prompt(&self, request: &Request) -> Result<()> {
-        match self.ask(conversation(request), "prompt")? {
+        match self.ask(conversation(request), fields::PROMPT.name)? {
             Verdict::Safe => Ok(()),
             Verdict::Unsafe(categories) => Err(self
                 .flagged("the prompt", &categories, "it was not answered")
-                .with_param("prompt")),
+                .with_param(fields::PROMPT.name)),
         }
     }
 
@@ -145,10 +146,10 @@ impl Guard {
     fn ask(&self, turns: Vec<Message>, what: &str) -> Result<Verdict> {
         let started = Instant::now();
         let mut raw = RawRequest::default();
-        raw.set("messages", json!(turns));
-        raw.set("temperature", json!(0));
-        raw.set("max_tokens", json!(VERDICT_TOKENS));
-        raw.set("seed", json!(0));
+        raw.set(fields::MESSAGES.name, json!(turns));
+        raw.set(fields::TEMPERATURE.name, json!(0));
+        raw.set(fields::MAX_TOKENS.name, json!(VERDICT_TOKENS));
+        raw.set(fields::SEED.name, json!(0));
         let request = Request::validate(&raw)?;
         let opts = RunOptions::default();
         let mut answer = None;
@@ -191,13 +192,13 @@ impl Guard {
                     deadline.duration_since(started).as_secs_f64()
                 ),
             )
-            .with_param("safety_model"));
+            .with_param(fields::SAFETY_MODEL.name));
         }
         ran?;
         if let Some(e) = refused {
             return Err(CmplError {
                 message: format!("safety model {}: {}", self.name, e.message),
-                param: Some("safety_model".into()),
+                param: Some(fields::SAFETY_MODEL.name.into()),
                 ..e
             });
         }
@@ -210,7 +211,7 @@ impl Guard {
                     self.name
                 ),
             )
-            .with_param("safety_model")
+            .with_param(fields::SAFETY_MODEL.name)
         })?;
         if self.verbose {
             let said = match &verdict {
@@ -229,13 +230,13 @@ impl Guard {
 /// The guard models a run's requests name, each opened at its first use
 /// (one that fails to open is tried again by the next request naming it).
 pub struct Guards {
-    runtime: Runtime,
+    runtime: RunSettings,
     open: HashMap<String, Guard>,
 }
 
 impl Guards {
     /// Guards opened with `runtime`'s settings (see [`Guard::open`]).
-    pub fn new(runtime: &Runtime) -> Guards {
+    pub fn new(runtime: &RunSettings) -> Guards {
         Guards {
             runtime: runtime.clone(),
             open: HashMap::new(),
@@ -265,7 +266,7 @@ impl Guards {
 /// A guarded job's events, held until its answers are judged.
 pub struct Held {
     request: Request,
-    events: Vec<Owned>,
+    events: Vec<OwnedEvent>,
 }
 
 impl Held {
@@ -278,14 +279,14 @@ impl Held {
 
     /// Holds `event` (a rejection is never held: it shows nothing).
     pub fn hold(&mut self, event: &Event) {
-        self.events.push(Owned::from(event));
+        self.events.push(OwnedEvent::from(event));
     }
 
     /// Once the job's `Done` is held: its events to report as they came
     /// when the guard finds every answer safe, else the job's rejection.
-    pub fn judge(self, guards: &mut Guards) -> Result<Vec<Owned>> {
+    pub fn judge(self, guards: &mut Guards) -> Result<Vec<OwnedEvent>> {
         match self.events.last() {
-            Some(Owned::Done { result }) => guards.check_answers(&self.request, result)?,
+            Some(OwnedEvent::Done { result }) => guards.check_answers(&self.request, result)?,
             _ => {
                 return Err(CmplError::internal(
                     "a guarded job was judged before its end",
@@ -306,7 +307,7 @@ pub struct Guarded {
 }
 
 impl Guarded {
-    pub fn new(inner: &'static dyn Backend, runtime: &Runtime) -> Guarded {
+    pub fn new(inner: &'static dyn Backend, runtime: &RunSettings) -> Guarded {
         Guarded {
             inner,
             guards: RefCell::new(Guards::new(runtime)),

@@ -1,11 +1,11 @@
 //! What a resident and its caller say, which the server speaks for the
 //! resident: the caller asks one request as its own run would answer it
 //! (`Ask`), and the resident answers with that request's events as they
-//! happen, one JSON line each (`Owned`), which the caller prints with its
+//! happen, one JSON line each (`OwnedEvent`), which the caller prints with its
 //! own printer: the same bytes as an in-process run. And which model file
 //! a resident holds (`identity`).
 
-use crate::backend::Owned;
+use crate::backend::OwnedEvent;
 use crate::cells::Cells;
 use crate::request::Request;
 use serde::{Deserialize, Serialize};
@@ -28,7 +28,7 @@ pub struct Ask {
 
 /// An event of the request asked, as its line on the wire (its job is the
 /// connection's).
-pub fn line(event: &Owned) -> String {
+pub fn line(event: &OwnedEvent) -> String {
     let mut line = serde_json::to_string(event).unwrap_or_else(|e| {
         serde_json::json!({"event": "rejected", "error": {"kind": "internal_error", "message": e.to_string(), "param": null}})
             .to_string()

@@ -153,3 +153,83 @@ fn the_core_has_no_llama_cpp_and_the_engine_no_face() {
         );
     }
 }
+
+/// The code's files outside tests: `src/` and the crates', each with its
+/// text before its unit tests.
+fn code() -> Vec<(String, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    for src in ["src", "crates/core/src", "crates/engine/src"] {
+        collect(&root.join(src), &mut files);
+    }
+    files.sort();
+    files
+        .into_iter()
+        .map(|f| {
+            let text = std::fs::read_to_string(&f).unwrap();
+            let code = text.split("#[cfg(test)]").next().unwrap().to_string();
+            (f.strip_prefix(root).unwrap().display().to_string(), code)
+        })
+        .collect()
+}
+
+/// Where the same word means something else than a request field: a chat
+/// role (`"user"`, `"system"`), a finish reason (`"stop"`), the template's
+/// name in its renderer, clap's argument ids, a key of a response or of
+/// `--ps`'s status.
+const OTHER_MEANINGS: &[&str] = &[
+    "Message::new(",
+    "\"assistant\"",
+    "Finish::",
+    "_template(\"",
+    "conflicts_with",
+    "long = \"n\"",
+    "[\"model\"]",
+    "[\"prompt\"]",
+    "\"object\": \"model\"",
+    "\"model\": shared",
+];
+
+#[test]
+fn each_request_field_is_named_once() {
+    let mut found = Vec::new();
+    for (file, code) in code() {
+        if file == "crates/core/src/fields.rs" {
+            continue;
+        }
+        for (n, line) in code.lines().enumerate() {
+            if line.trim_start().starts_with("//")
+                || OTHER_MEANINGS.iter().any(|m| line.contains(m))
+            {
+                continue;
+            }
+            for field in cmpl::fields::TABLE {
+                let quoted = format!("\"{}\"", field.name);
+                let at = line.match_indices(&quoted).any(|(i, _)| {
+                    // The whole literal: not the end of a longer one.
+                    let before = line[..i].chars().next_back();
+                    !matches!(before, Some(c) if c.is_alphanumeric() || c == '_' || c == '\\' || c == '`')
+                });
+                if at {
+                    found.push(format!("{file}:{}: {}", n + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "request fields named outside crates/core/src/fields.rs (use fields::NAME.name):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn each_file_in_src_does_one_job_in_at_most_about_500_lines() {
+    let long: Vec<String> = code()
+        .into_iter()
+        .filter(|(file, _)| file.starts_with("src/"))
+        .filter(|(_, code)| code.lines().count() > 560)
+        .map(|(file, code)| format!("{file}: {} lines", code.lines().count()))
+        .collect();
+    assert!(long.is_empty(), "split these by job:\n{}", long.join("\n"));
+}

@@ -66,7 +66,7 @@ fn a_client_that_leaves_while_queued_costs_nothing() {
 
 #[test]
 fn an_engine_that_cannot_start_ends_the_server_before_it_listens() {
-    // The KV memory guard refuses: the error, exit 1, and never "serving".
+    // The KV memory check refuses: the error, exit 1, and never "serving".
     let out = cmpl(&["--serve", "127.0.0.1:0", "--ctx-size", "2000000000"]).run();
     out.fails(1, "of KV cache");
     assert!(!out.stderr.contains("serving"), "{}", out.stderr);

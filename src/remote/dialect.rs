@@ -17,6 +17,7 @@
 use crate::backend::{Counts, Finish, RunOptions, TokenInfo};
 use crate::constraint::Constraint;
 use crate::error::{CmplError, ErrorKind, Result};
+use crate::fields;
 use crate::request::Request;
 use serde_json::{json, Map, Value};
 
@@ -133,24 +134,33 @@ impl Dialect {
         // Streams carry each token's logprob even when the request asks none.
         let want_logprobs = r.logprobs.or(opts.token_logprobs.then_some(0));
         let mut b = Map::new();
-        b.insert("model".into(), json!(r.model.as_deref().unwrap_or(model)));
-        b.insert("prompt".into(), json!(r.prompt));
-        b.insert("max_tokens".into(), json!(r.max_tokens));
-        b.insert("temperature".into(), json!(s.temperature));
-        b.insert("top_p".into(), json!(s.top_p));
-        b.insert("n".into(), json!(r.n));
-        b.insert("stream".into(), json!(stream));
+        b.insert(
+            fields::MODEL.name.into(),
+            json!(r.model.as_deref().unwrap_or(model)),
+        );
+        b.insert(fields::PROMPT.name.into(), json!(r.prompt));
+        b.insert(fields::MAX_TOKENS.name.into(), json!(r.max_tokens));
+        b.insert(fields::TEMPERATURE.name.into(), json!(s.temperature));
+        b.insert(fields::TOP_P.name.into(), json!(s.top_p));
+        b.insert(fields::N.name.into(), json!(r.n));
+        b.insert(fields::STREAM.name.into(), json!(stream));
         if let Some(seed) = r.seed {
-            b.insert("seed".into(), json!(seed));
+            b.insert(fields::SEED.name.into(), json!(seed));
         }
         if !r.stop.is_empty() {
-            b.insert("stop".into(), json!(r.stop));
+            b.insert(fields::STOP.name.into(), json!(r.stop));
         }
         if s.presence_penalty != 0.0 {
-            b.insert("presence_penalty".into(), json!(s.presence_penalty));
+            b.insert(
+                fields::PRESENCE_PENALTY.name.into(),
+                json!(s.presence_penalty),
+            );
         }
         if s.frequency_penalty != 0.0 {
-            b.insert("frequency_penalty".into(), json!(s.frequency_penalty));
+            b.insert(
+                fields::FREQUENCY_PENALTY.name.into(),
+                json!(s.frequency_penalty),
+            );
         }
         if !s.logit_bias.is_empty() {
             let biases: Map<String, Value> = s
@@ -158,13 +168,13 @@ impl Dialect {
                 .iter()
                 .map(|(id, bias)| (id.to_string(), json!(bias)))
                 .collect();
-            b.insert("logit_bias".into(), Value::Object(biases));
+            b.insert(fields::LOGIT_BIAS.name.into(), Value::Object(biases));
         }
         match self {
             Dialect::LlamaServer { n_ctx } => {
                 if r.echo {
                     return Err(CmplError::invalid(
-                        "echo",
+                        fields::ECHO.name,
                         "llama-server's completions API ignores `echo`, so the prompt would not come back; drop --echo, or run the model locally",
                     ));
                 }
@@ -172,8 +182,8 @@ impl Dialect {
                 // Greedy is top-k 1 there: the same argmax, without passing the
                 // whole vocabulary through its chain (4 ms a token here).
                 let top_k = if s.temperature == 0.0 { 1 } else { s.top_k };
-                b.insert("top_k".into(), json!(top_k));
-                b.insert("min_p".into(), json!(s.min_p));
+                b.insert(fields::TOP_K.name.into(), json!(top_k));
+                b.insert(fields::MIN_P.name.into(), json!(s.min_p));
                 b.insert("repeat_penalty".into(), json!(s.repetition_penalty));
                 let penalized = s.repetition_penalty != 1.0
                     || s.presence_penalty != 0.0
@@ -184,7 +194,7 @@ impl Dialect {
                 }
                 // Per-token entries (with token ids) come only with n_probs >= 1.
                 if let Some(k) = want_logprobs {
-                    b.insert("logprobs".into(), json!(k.max(1)));
+                    b.insert(fields::LOGPROBS.name.into(), json!(k.max(1)));
                 }
                 match &r.constraint {
                     None => {}
@@ -202,7 +212,7 @@ impl Dialect {
                     }
                     Some(Constraint::Regex(_)) => {
                         return Err(CmplError::invalid(
-                            "structured_outputs",
+                            fields::STRUCTURED_OUTPUTS.name,
                             "llama-server takes JSON Schemas and GBNF grammars, not regexes; write it as --grammar, or run the model locally",
                         ))
                     }
@@ -210,22 +220,28 @@ impl Dialect {
             }
             Dialect::Vllm | Dialect::Contract => {
                 if s.top_k > 0 {
-                    b.insert("top_k".into(), json!(s.top_k));
+                    b.insert(fields::TOP_K.name.into(), json!(s.top_k));
                 }
                 if s.min_p > 0.0 {
-                    b.insert("min_p".into(), json!(s.min_p));
+                    b.insert(fields::MIN_P.name.into(), json!(s.min_p));
                 }
                 if s.repetition_penalty != 1.0 {
-                    b.insert("repetition_penalty".into(), json!(s.repetition_penalty));
+                    b.insert(
+                        fields::REPETITION_PENALTY.name.into(),
+                        json!(s.repetition_penalty),
+                    );
                 }
                 if r.echo {
-                    b.insert("echo".into(), json!(true));
+                    b.insert(fields::ECHO.name.into(), json!(true));
                 }
                 if let Some(k) = want_logprobs {
-                    b.insert("logprobs".into(), json!(k));
+                    b.insert(fields::LOGPROBS.name.into(), json!(k));
                 }
                 if stream && *self == Dialect::Vllm {
-                    b.insert("stream_options".into(), json!({"include_usage": true}));
+                    b.insert(
+                        fields::STREAM_OPTIONS.name.into(),
+                        json!({"include_usage": true}),
+                    );
                 }
                 if let Some(c) = &r.constraint {
                     if *self == Dialect::Contract {
@@ -242,7 +258,7 @@ impl Dialect {
                         Constraint::Choice(options) => json!({"choice": options}),
                         Constraint::Grammar(g) => json!({"grammar": g}),
                     };
-                    b.insert("structured_outputs".into(), so);
+                    b.insert(fields::STRUCTURED_OUTPUTS.name.into(), so);
                 }
             }
         }
@@ -279,7 +295,7 @@ impl Dialect {
                 token,
                 finish: finish(self, v.get("finish_reason"), None, r)?,
                 usage,
-                seed: v.get("seed").and_then(Value::as_u64),
+                seed: v.get(fields::SEED.name).and_then(Value::as_u64),
             });
             return Ok(out);
         }
@@ -292,7 +308,10 @@ impl Dialect {
             let index = c.get("index").and_then(Value::as_u64).unwrap_or(0) as u32;
             let text = str_of(c.get("text"));
             let finish = finish(self, c.get("finish_reason"), c.get("stop_reason"), r)?;
-            let mut tokens = self.tokens(c.get("logprobs"), r.logprobs.unwrap_or(0) as usize);
+            let mut tokens = self.tokens(
+                c.get(fields::LOGPROBS.name),
+                r.logprobs.unwrap_or(0) as usize,
+            );
             // Several tokens in one event: the text goes with the last.
             let last = tokens.pop();
             for token in tokens {
@@ -334,7 +353,8 @@ impl Dialect {
             .flatten()
         {
             let mut text = str_of(c.get("text"));
-            let mut tokens = (r.logprobs.is_some()).then(|| self.tokens(c.get("logprobs"), k));
+            let mut tokens =
+                (r.logprobs.is_some()).then(|| self.tokens(c.get(fields::LOGPROBS.name), k));
             if r.echo && *self == Dialect::Vllm {
                 // vLLM puts the prompt before the text, and its tokens first.
                 if let Some(rest) = text.strip_prefix(r.prompt.as_str()) {
@@ -351,7 +371,7 @@ impl Dialect {
                 finish: finish(self, c.get("finish_reason"), c.get("stop_reason"), r)?
                     .unwrap_or(Finish::Stop),
                 tokens,
-                seed: c.get("seed").and_then(Value::as_u64),
+                seed: c.get(fields::SEED.name).and_then(Value::as_u64),
             });
         }
         if *self == Dialect::Contract && r.echo {
@@ -510,6 +530,62 @@ mod tests {
     }
 
     const LLAMA: Dialect = Dialect::LlamaServer { n_ctx: Some(4096) };
+
+    #[test]
+    fn each_dialect_sends_each_field_as_the_table_says() {
+        use crate::fields::{Sent, TABLE};
+        // Every sampler field away from its default, so that each is sent.
+        let all = json!({
+            "prompt": "hi", "model": "m", "max_tokens": 3, "stop": ["x"], "temperature": 0.5,
+            "top_p": 0.9, "top_k": 4, "repetition_penalty": 1.1, "logprobs": 2, "n": 2,
+            "min_p": 0.1, "presence_penalty": 0.5, "frequency_penalty": 0.5,
+            "logit_bias": {"5": 1}, "seed": 9, "safety_model": "g", "user": "u",
+            "stream_options": {"include_usage": true}
+        });
+        for (i, dialect) in [Dialect::Contract, Dialect::Vllm, LLAMA].iter().enumerate() {
+            let body = dialect
+                .body(&request(all.clone()), "m", &RunOptions::default(), true)
+                .unwrap();
+            let body = body.as_object().unwrap();
+            for field in TABLE {
+                let given = all.get(field.name).is_some();
+                match field.remote[i] {
+                    Sent::Named if given => {
+                        assert!(body.contains_key(field.name), "{dialect:?}: {}", field.name)
+                    }
+                    Sent::Renamed(as_) if given => assert!(
+                        body.contains_key(as_),
+                        "{dialect:?}: {} as {as_}",
+                        field.name
+                    ),
+                    Sent::Here | Sent::Renamed(_) => {
+                        assert!(
+                            !body.contains_key(field.name),
+                            "{dialect:?} was sent {}",
+                            field.name
+                        )
+                    }
+                    _ => {}
+                }
+            }
+            // What it refuses is refused by the field's name, nothing sent.
+            for field in TABLE.iter().filter(|f| f.remote[i] == Sent::Refused) {
+                let value = match field.name {
+                    "echo" => json!(true),
+                    _ => json!({"type": "json_object"}),
+                };
+                let mut one = json!({"prompt": "hi"});
+                one[field.name] = value;
+                if field.name == "structured_outputs" {
+                    one[field.name] = json!({"regex": "a+"});
+                }
+                let e = dialect
+                    .body(&request(one), "m", &RunOptions::default(), false)
+                    .unwrap_err();
+                assert_eq!(e.param.as_deref(), Some(field.name), "{dialect:?}");
+            }
+        }
+    }
 
     #[test]
     fn constraints_in_each_servers_words() {

@@ -13,10 +13,10 @@ mod ps;
 
 pub use ps::{ps, stop};
 
-use crate::backend::{Backend, Event, Owned, RunOptions, Sink};
+use crate::backend::{Backend, Event, OwnedEvent, RunOptions, Sink};
 use crate::error::{CmplError, ErrorKind, Result};
 use crate::models::ModelRef;
-use crate::options::Runtime;
+use crate::options::RunSettings;
 use crate::request::Request;
 use crate::signal::INTERRUPTED;
 use crate::wire;
@@ -42,7 +42,7 @@ const SILENCE: Duration = Duration::from_secs(600);
 pub struct Resident {
     socket: PathBuf,
     model: ModelRef,
-    runtime: Runtime,
+    runtime: RunSettings,
     keep_alive: Duration,
     slots: u32,
 }
@@ -58,7 +58,11 @@ enum Found {
 
 /// The resident for `model` and `runtime`, found or started; `None` where
 /// none can be used (the reason under `--verbose`): the run is in-process.
-pub fn open(model: &ModelRef, runtime: &Runtime, keep_alive: Duration) -> Result<Option<Resident>> {
+pub fn open(
+    model: &ModelRef,
+    runtime: &RunSettings,
+    keep_alive: Duration,
+) -> Result<Option<Resident>> {
     let fallback = |why: String| {
         if runtime.verbose {
             eprintln!("cmpl: keep-alive: {why}: running in this process");
@@ -271,7 +275,7 @@ fn find(socket: &Path) -> Found {
 
 /// The resident's flags for `runtime`'s load settings (all of them given,
 /// whatever its config file says).
-fn load_flags(r: &Runtime) -> Vec<String> {
+fn load_flags(r: &RunSettings) -> Vec<String> {
     let mut flags = Vec::new();
     let slots = r.parallel.unwrap_or(DEFAULT_SLOTS);
     flags.push(format!("--parallel={slots}"));
@@ -315,7 +319,7 @@ fn error_data(line: &str) -> Option<CmplError> {
 enum Heard {
     /// Its socket, to be shut when the run ends early.
     Connected(UnixStream),
-    Said(Owned),
+    Said(OwnedEvent),
     /// Busy (503): asked again shortly.
     Busy,
     /// Gone before any event (a resident leaving or killed): start
@@ -391,7 +395,7 @@ impl Backend for Resident {
                     conns.insert(job, c);
                     Ok(())
                 }
-                Heard::Said(Owned::Rejected { error }) if error.kind == ErrorKind::Unfit => {
+                Heard::Said(OwnedEvent::Rejected { error }) if error.kind == ErrorKind::Unfit => {
                     unfit.push(job);
                     Ok(())
                 }
@@ -438,7 +442,7 @@ impl Backend for Resident {
             );
         }
         unfit.sort_unstable();
-        let engine = crate::load::load(self.model.clone(), &self.runtime)?;
+        let engine = crate::local::load(self.model.clone(), &self.runtime)?;
         let requests = unfit
             .iter()
             .map(|job| {
@@ -488,7 +492,7 @@ fn carry(socket: &Path, job: usize, body: &[u8], tx: &mpsc::Sender<(usize, Heard
                     "the resident's answer ended mid-line",
                 )))
             }
-            Ok(_) => match serde_json::from_str::<Owned>(&line) {
+            Ok(_) => match serde_json::from_str::<OwnedEvent>(&line) {
                 Ok(said) => {
                     any = true;
                     whole = said.ends();

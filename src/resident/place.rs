@@ -3,7 +3,7 @@
 //! caller finds the resident that answers exactly as its own run would.
 
 use crate::models::ModelRef;
-use crate::options::Runtime;
+use crate::options::RunSettings;
 use crate::wire::identity;
 use sha2::{Digest, Sha256};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
@@ -87,7 +87,7 @@ pub fn socket(path: &Path) -> Socket {
 /// file (path, device, inode, size, modification time: another file under
 /// the same name is another resident) and every setting that changes an
 /// answer.
-pub fn socket_path(dir: &Path, model: &ModelRef, runtime: &Runtime) -> Result<PathBuf, String> {
+pub fn socket_path(dir: &Path, model: &ModelRef, runtime: &RunSettings) -> Result<PathBuf, String> {
     let file = |p: &Path| identity(p).map_err(|e| format!("{}: {e}", p.display()));
     let exe = std::env::current_exe().map_err(|e| format!("this program's path: {e}"))?;
     let r = runtime;

@@ -141,7 +141,7 @@ pub fn stop(which: &str, out: &mut dyn Write) -> Result<()> {
             ErrorKind::Model,
             format!("no resident holds `{which}`; `cmpl --ps` lists them"),
         )
-        .with_param("stop"));
+        .with_param("stop_resident"));
     }
     Ok(())
 }

@@ -9,6 +9,7 @@ use super::reply::{busy, error, status_of, Response};
 use super::worker::{self, Submission};
 use super::Shared;
 use crate::error::{CmplError, ErrorKind};
+use crate::fields;
 use crate::wire;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -39,7 +40,7 @@ pub async fn run_for_caller(req: hyper::Request<Incoming>, shared: &Shared) -> R
         .as_ref()
         .is_some_and(|c| c.template.is_some());
     if template && !shared.policy.trusts_templates() {
-        let e = CmplError::invalid("chat_template", "this server does not run templates sent in requests; it is started with --trust-request-templates to take them");
+        let e = CmplError::invalid(fields::CHAT_TEMPLATE.name, "this server does not run templates sent in requests; it is started with --trust-request-templates to take them");
         return error(StatusCode::BAD_REQUEST, &e);
     }
     // Rendered off the decode loop, as a chat on the endpoints is; a
@@ -48,7 +49,7 @@ pub async fn run_for_caller(req: hyper::Request<Incoming>, shared: &Shared) -> R
         Ok(mut one) => one.remove(0),
         Err(error) => {
             shared.metrics.answered(status_of(&error).as_u16());
-            let line = wire::line(&crate::backend::Owned::Rejected { error });
+            let line = wire::line(&crate::backend::OwnedEvent::Rejected { error });
             return hyper::Response::builder()
                 .status(StatusCode::OK)
                 .header(hyper::header::CONTENT_TYPE, "application/x-ndjson")

@@ -67,7 +67,7 @@ pub fn run(
     engine: &'static Engine,
     model: String,
     config: &Config,
-    runtime: &crate::options::Runtime,
+    runtime: &crate::options::RunSettings,
     opts: &ServeOptions,
 ) -> Result<()> {
     let key = auth::api_key()?;
@@ -122,7 +122,7 @@ pub fn run(
         })
     };
     if ready.recv().is_err() {
-        // Start-up failed (the memory guard, the context): say why, before
+        // Start-up failed (the memory check, the context): say why, before
         // anything listens.
         return join(decoder);
     }
@@ -172,7 +172,7 @@ pub fn run(
 }
 
 /// The load settings, as `--ps` shows them.
-fn settings(r: &crate::options::Runtime, opts: &ServeOptions) -> String {
+fn settings(r: &crate::options::RunSettings, opts: &ServeOptions) -> String {
     let shown = |v: Option<u32>| v.map_or_else(|| "default".to_string(), |v| v.to_string());
     let mut settings = format!(
         "slots {}, ctx {}, threads {}, ngl {}, lookup {}",

@@ -6,6 +6,7 @@ use super::limits::QUEUE_PER_SLOT;
 use super::reply::Refusal;
 use crate::config::Config;
 use crate::error::CmplError;
+use crate::fields;
 use crate::options::ServeOptions;
 use crate::request::{RawRequest, Request};
 use hyper::StatusCode;
@@ -31,13 +32,13 @@ pub struct Policy {
 impl Policy {
     pub fn new(model: String, config: &Config, opts: &ServeOptions) -> Policy {
         let mut defaults = config.request.clone();
-        defaults.fields.remove("chat_template");
+        defaults.fields.remove(fields::CHAT_TEMPLATE.name);
         Policy {
             model,
             strict_model: opts.strict_model,
             trust_request_templates: opts.trust_request_templates,
             defaults,
-            template: config.request.get("chat_template").cloned(),
+            template: config.request.get(fields::CHAT_TEMPLATE.name).cloned(),
             parallel: opts.parallel,
             queue_limit: opts.parallel as usize * QUEUE_PER_SLOT,
         }
@@ -67,7 +68,7 @@ impl Policy {
             .collect::<std::result::Result<Vec<_>, _>>()?;
         if requests[0].stream {
             return Err(bad(CmplError::invalid(
-                "prompt",
+                fields::PROMPT.name,
                 "a list of several prompts cannot be streamed here; send one request per prompt, or leave out `stream`",
             )));
         }
@@ -106,11 +107,13 @@ impl Policy {
     /// A chat request (`messages`, `chat`, `system`) gets the server's template
     /// where it brings none of its own.
     fn with_template(&self, mut raw: RawRequest) -> RawRequest {
-        let chat = raw.get("messages").is_some()
-            || raw.get("system").is_some()
-            || raw.get("chat") == Some(&serde_json::Value::Bool(true));
-        if let (true, None, Some(template)) = (chat, raw.get("chat_template"), &self.template) {
-            raw.set("chat_template", template.clone());
+        let chat = raw.get(fields::MESSAGES.name).is_some()
+            || raw.get(fields::SYSTEM.name).is_some()
+            || raw.get(fields::CHAT.name) == Some(&serde_json::Value::Bool(true));
+        if let (true, None, Some(template)) =
+            (chat, raw.get(fields::CHAT_TEMPLATE.name), &self.template)
+        {
+            raw.set(fields::CHAT_TEMPLATE.name, template.clone());
         }
         raw
     }
@@ -120,7 +123,7 @@ impl Policy {
         let request = Request::validate(raw).map_err(bad)?;
         if request.n > self.parallel {
             return Err(bad(CmplError::invalid(
-                "n",
+                fields::N.name,
                 format!(
                     "`n` is {} and this server decodes at most {} choices at once (--parallel); lower n",
                     request.n, self.parallel
@@ -132,7 +135,7 @@ impl Policy {
                 return Err((
                     StatusCode::NOT_FOUND,
                     CmplError::invalid(
-                        "model",
+                        fields::MODEL.name,
                         format!("this server serves `{}`, not `{named}`", self.model),
                     ),
                 ));

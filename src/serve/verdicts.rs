@@ -5,7 +5,7 @@
 //! until it is judged).
 
 use crate::error::{CmplError, Result};
-use crate::options::Runtime;
+use crate::options::RunSettings;
 use crate::request::Request;
 use crate::safety::Guards;
 use std::sync::{mpsc, Mutex};
@@ -21,8 +21,8 @@ pub struct Verdicts {
 impl Verdicts {
     /// The guards' thread, opening each safety model a request names once,
     /// with the server's settings (never as a resident of its own).
-    pub fn start(runtime: &Runtime) -> Verdicts {
-        let runtime = Runtime {
+    pub fn start(runtime: &RunSettings) -> Verdicts {
+        let runtime = RunSettings {
             keep_alive: None,
             ..runtime.clone()
         };

@@ -9,7 +9,7 @@ use super::limits::InFlight;
 use super::metrics::{Finished, Metrics};
 use super::verdicts::Verdicts;
 use crate::api::ResponseHeader;
-use crate::backend::{Drafts, Event, Owned};
+use crate::backend::{Drafts, Event, OwnedEvent};
 use crate::chat_printer::ChatWriter;
 use crate::engine::{Arrival, Cells, Engine};
 use crate::error::{CmplError, ErrorKind, Result};
@@ -303,7 +303,7 @@ pub fn run(
 
 /// A guarded answer, its verdict given: printed as it came, or refused
 /// (no byte of it was sent; the HTTP side answers and logs the error).
-fn judged(mut client: Client, job: usize, verdict: Result<Vec<Owned>>, metrics: &Metrics) {
+fn judged(mut client: Client, job: usize, verdict: Result<Vec<OwnedEvent>>, metrics: &Metrics) {
     match verdict {
         Err(error) => {
             let _ = client.tx.send(Out::Error(error));

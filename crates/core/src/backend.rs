@@ -98,7 +98,7 @@ impl<'a> Event<'a> {
 /// resident's answer, one JSON line each).
 #[derive(serde::Serialize, serde::Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
-pub enum Owned {
+pub enum OwnedEvent {
     Rejected {
         error: CmplError,
     },
@@ -121,10 +121,10 @@ pub enum Owned {
     },
 }
 
-impl From<&Event<'_>> for Owned {
-    fn from(event: &Event) -> Owned {
+impl From<&Event<'_>> for OwnedEvent {
+    fn from(event: &Event) -> OwnedEvent {
         match event {
-            Event::Rejected { error, .. } => Owned::Rejected {
+            Event::Rejected { error, .. } => OwnedEvent::Rejected {
                 error: error.clone(),
             },
             Event::Started {
@@ -132,7 +132,7 @@ impl From<&Event<'_>> for Owned {
                 seeds,
                 rendered,
                 ..
-            } => Owned::Started {
+            } => OwnedEvent::Started {
                 prompt: prompt.map(<[TokenInfo]>::to_vec),
                 seeds: seeds.to_vec(),
                 rendered: rendered.map(str::to_string),
@@ -145,7 +145,7 @@ impl From<&Event<'_>> for Owned {
                 finish,
                 usage,
                 ..
-            } => Owned::Token {
+            } => OwnedEvent::Token {
                 choice: *choice,
                 seed: *seed,
                 token: (*token).clone(),
@@ -153,19 +153,19 @@ impl From<&Event<'_>> for Owned {
                 finish: *finish,
                 usage: *usage,
             },
-            Event::Done { result, .. } => Owned::Done {
+            Event::Done { result, .. } => OwnedEvent::Done {
                 result: result.clone(),
             },
         }
     }
 }
 
-impl Owned {
+impl OwnedEvent {
     /// Reports it to `sink` as job `job`'s event.
     pub fn report(self, job: usize, sink: &mut Sink) -> Result<()> {
         match self {
-            Owned::Rejected { error } => sink(Event::Rejected { job, error }),
-            Owned::Started {
+            OwnedEvent::Rejected { error } => sink(Event::Rejected { job, error }),
+            OwnedEvent::Started {
                 prompt,
                 seeds,
                 rendered,
@@ -175,7 +175,7 @@ impl Owned {
                 seeds: &seeds,
                 rendered: rendered.as_deref(),
             }),
-            Owned::Token {
+            OwnedEvent::Token {
                 choice,
                 seed,
                 token,
@@ -191,13 +191,13 @@ impl Owned {
                 finish,
                 usage,
             }),
-            Owned::Done { result } => sink(Event::Done { job, result }),
+            OwnedEvent::Done { result } => sink(Event::Done { job, result }),
         }
     }
 
     /// The job's last event: nothing more comes for it.
     pub fn ends(&self) -> bool {
-        matches!(self, Owned::Done { .. } | Owned::Rejected { .. })
+        matches!(self, OwnedEvent::Done { .. } | OwnedEvent::Rejected { .. })
     }
 }
 

@@ -4,35 +4,19 @@
 //! plain function of the body's text (the server's parser, fuzzed alone).
 
 use crate::error::{CmplError, Result};
+use crate::fields::{self, InChat, LOGPROBS, MAX_TOKENS, MESSAGES, PROMPT, STREAM_OPTIONS};
 use crate::request::RawRequest;
 use serde_json::{json, Map, Value};
 
-/// Fields a chat body shares with a completions request, taken as they are.
-const SHARED: &[&str] = &[
-    "model",
-    "messages",
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "n",
-    "stream",
-    "stream_options",
-    "stop",
-    "presence_penalty",
-    "frequency_penalty",
-    "logit_bias",
-    "seed",
-    "response_format",
-    "user",
-    // cmpl's own, as on /v1/completions.
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "structured_outputs",
-    "safety_model",
-    // Refused unless the operator trusts request templates (serve/mod.rs).
-    "chat_template",
-];
+/// Fields a chat body shares with a completions request, taken as they are
+/// (`chat_template` is refused by the server unless the operator trusts
+/// request templates).
+fn shared() -> impl Iterator<Item = &'static str> {
+    fields::TABLE
+        .iter()
+        .filter(|f| f.chat == InChat::AsIs)
+        .map(|f| f.name)
+}
 
 /// A chat body as a completions request over `messages`, and whether a
 /// stream ends with a usage chunk (`stream_options.include_usage`).
@@ -63,41 +47,41 @@ pub fn request(body: &str) -> Result<(RawRequest, bool)> {
                     format!("`{key}`: tools and function calling are not supported by cmpl; send the request without them"),
                 ))
             }
-            "logprobs" => {
+            k if k == LOGPROBS.name => {
                 logprobs = value.as_bool().ok_or_else(|| {
-                    CmplError::invalid("logprobs", "`logprobs` must be true or false")
+                    CmplError::invalid(LOGPROBS.name, "`logprobs` must be true or false")
                 })?;
             }
             "top_logprobs" => top = Some(value),
             "max_completion_tokens" => {
-                fields.insert("max_tokens".into(), value);
+                fields.insert(MAX_TOKENS.name.into(), value);
             }
-            "prompt" => {
+            k if k == PROMPT.name => {
                 return Err(CmplError::invalid(
-                    "prompt",
+                    PROMPT.name,
                     "the chat endpoint takes `messages`; send `prompt` to /v1/completions",
                 ))
             }
-            k if SHARED.contains(&k) => {
+            k if shared().any(|f| f == k) => {
                 fields.insert(key, value);
             }
             _ => {
                 return Err(CmplError::invalid(
                     &key,
-                    format!("unknown field `{key}` in the request body; known fields: logprobs, top_logprobs, max_completion_tokens, {}", SHARED.join(", ")),
+                    format!("unknown field `{key}` in the request body; known fields: logprobs, top_logprobs, max_completion_tokens, {}", shared().collect::<Vec<_>>().join(", ")),
                 ))
             }
         }
     }
-    if !fields.contains_key("messages") {
+    if !fields.contains_key(MESSAGES.name) {
         return Err(CmplError::invalid(
-            "messages",
+            MESSAGES.name,
             "no `messages`: send a list like [{\"role\": \"user\", \"content\": \"Hello\"}]",
         ));
     }
     match (logprobs, top) {
         (true, top) => {
-            fields.insert("logprobs".into(), top.unwrap_or(json!(0)));
+            fields.insert(LOGPROBS.name.into(), top.unwrap_or(json!(0)));
         }
         (false, Some(_)) => {
             return Err(CmplError::invalid(
@@ -108,7 +92,7 @@ pub fn request(body: &str) -> Result<(RawRequest, bool)> {
         (false, None) => {}
     }
     let usage = fields
-        .get("stream_options")
+        .get(STREAM_OPTIONS.name)
         .and_then(|o| o.get("include_usage"))
         .and_then(Value::as_bool)
         .unwrap_or(false);

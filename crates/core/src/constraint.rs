@@ -6,10 +6,11 @@
 //! in their own words (`remote/dialect.rs`).
 
 use crate::error::{CmplError, Result};
+use crate::fields::{RESPONSE_FORMAT, STRUCTURED_OUTPUTS};
 use serde_json::{json, Map, Value};
 
 /// The two request fields that carry a constraint; flags write them too.
-pub const FIELDS: [&str; 2] = ["response_format", "structured_outputs"];
+pub const FIELDS: [&str; 2] = [RESPONSE_FORMAT.name, STRUCTURED_OUTPUTS.name];
 /// Bounds on what one request may make the engine compile.
 pub const MAX_BYTES: usize = 256 * 1024;
 pub const MAX_CHOICES: usize = 1024;
@@ -42,7 +43,7 @@ impl Constraint {
         let constraint = match (a.flatten(), b) {
             (Some(_), Some(_)) => {
                 return Err(CmplError::invalid(
-                    "structured_outputs",
+                    STRUCTURED_OUTPUTS.name,
                     "the request has both `response_format` and `structured_outputs`; one constraint per request: keep one",
                 ))
             }
@@ -58,13 +59,13 @@ impl Constraint {
     pub fn to_field(&self) -> (&'static str, Value) {
         match self {
             Constraint::JsonSchema(schema) => (
-                "response_format",
+                RESPONSE_FORMAT.name,
                 json!({"type": "json_schema", "json_schema": {"name": "schema", "schema": schema}}),
             ),
-            Constraint::JsonObject => ("response_format", json!({"type": "json_object"})),
-            Constraint::Regex(rx) => ("structured_outputs", json!({"regex": rx})),
-            Constraint::Choice(options) => ("structured_outputs", json!({"choice": options})),
-            Constraint::Grammar(g) => ("structured_outputs", json!({"grammar": g})),
+            Constraint::JsonObject => (RESPONSE_FORMAT.name, json!({"type": "json_object"})),
+            Constraint::Regex(rx) => (STRUCTURED_OUTPUTS.name, json!({"regex": rx})),
+            Constraint::Choice(options) => (STRUCTURED_OUTPUTS.name, json!({"choice": options})),
+            Constraint::Grammar(g) => (STRUCTURED_OUTPUTS.name, json!({"grammar": g})),
         }
     }
 
@@ -101,7 +102,7 @@ fn bad(field: &str, message: impl Into<String>) -> CmplError {
 const RESPONSE_FORMAT_SHAPES: &str = r#"{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": {"name": "...", "schema": {...}}}"#;
 
 fn from_response_format(v: &Value) -> Result<Option<Constraint>> {
-    const F: &str = "response_format";
+    const F: &str = RESPONSE_FORMAT.name;
     let shape = || format!("`{F}` must be {RESPONSE_FORMAT_SHAPES}");
     let Value::Object(map) = v else {
         return Err(bad(F, shape()));
@@ -152,7 +153,7 @@ fn from_response_format(v: &Value) -> Result<Option<Constraint>> {
 const STRUCTURED_KEYS: [&str; 5] = ["json", "json_object", "regex", "choice", "grammar"];
 
 fn from_structured_outputs(v: &Value) -> Result<Constraint> {
-    const F: &str = "structured_outputs";
+    const F: &str = STRUCTURED_OUTPUTS.name;
     let Value::Object(map) = v else {
         return Err(bad(
             F,

@@ -1,6 +1,7 @@
 //! One error type for the whole pipeline: what went wrong, which field, and
 //! how it maps to the API's `ErrorData` and to an exit status.
 
+use crate::fields;
 use serde_json::{json, Value};
 use std::fmt;
 
@@ -110,7 +111,7 @@ impl CmplError {
     }
 
     pub fn model(message: impl Into<String>) -> Self {
-        CmplError::new(ErrorKind::Model, message).with_param("model")
+        CmplError::new(ErrorKind::Model, message).with_param(fields::MODEL.name)
     }
 
     pub fn context(message: impl Into<String>) -> Self {

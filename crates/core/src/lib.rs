@@ -12,6 +12,7 @@ pub mod chat_body;
 pub mod chat_printer;
 pub mod constraint;
 pub mod error;
+pub mod fields;
 pub mod gguf;
 pub mod grammar;
 pub mod model;

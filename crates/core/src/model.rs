@@ -1,6 +1,7 @@
 //! The model a run serves: the name the user gave and the file it is.
 
 use crate::error::{CmplError, Result};
+use crate::fields;
 use std::path::{Path, PathBuf};
 
 /// A model the user named (or the default), and the file it resolved to.
@@ -48,7 +49,7 @@ impl ModelRef {
     pub fn check(&self, named: Option<&str>) -> Result<()> {
         match named {
             Some(named) if !self.is(named) => Err(CmplError::invalid(
-                "model",
+                fields::MODEL.name,
                 format!(
                     "the request names model `{named}`, but `{}` is loaded: one run serves one model; leave `model` out or split the requests by model",
                     self.name

@@ -3,6 +3,7 @@
 
 use crate::constraint::{self, Constraint};
 use crate::error::{CmplError, Result};
+use crate::fields::*;
 use crate::template::{self, Message, Specials};
 use serde_json::{Map, Value};
 
@@ -23,43 +24,16 @@ pub struct RawRequest {
     pub fields: Map<String, Value>,
 }
 
-/// The request fields, in the schema's order, with what each accepts.
-pub const FIELDS: &[&str] = &[
-    "prompt",
-    "model",
-    "max_tokens",
-    "stop",
-    "temperature",
-    "top_p",
-    "top_k",
-    "repetition_penalty",
-    "stream",
-    "logprobs",
-    "echo",
-    "n",
-    "safety_model",
-    "min_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "logit_bias",
-    "seed",
-];
-
-/// Fields OpenAI's completions endpoint takes beyond the contract's, which
-/// its clients (the openai SDK, LangChain, `llm`) send: accepted in JSON
-/// bodies with OpenAI's meaning where cmpl has it, refused by name where not.
-pub const COMPAT_FIELDS: &[&str] = &["user", "stream_options", "best_of", "suffix"];
-
-/// cmpl's chat fields: `chat` renders the prompt as one user message through
-/// the model's chat template (`system` adds a system message before it,
-/// `chat_template` gives a template instead of the model's); `messages` is a
-/// whole conversation in place of `prompt` (the chat endpoint's).
-pub const CHAT_FIELDS: &[&str] = &["chat", "system", "chat_template", "messages"];
+/// The contract's fields, OpenAI's beyond it (which its clients send:
+/// accepted with OpenAI's meaning where cmpl has it, refused by name where
+/// not), cmpl's chat fields and structured output's: all in
+/// [`fields::TABLE`], each with what it takes.
+pub use crate::fields::{self, Field, Group};
 
 /// Fields that carry a template, a program the renderer runs: a server
 /// takes them only from an operator who trusts its clients
 /// (`--trust-request-templates`).
-pub const TEMPLATE_FIELDS: &[&str] = &["chat_template"];
+pub const TEMPLATE_FIELDS: &[&str] = &[CHAT_TEMPLATE.name];
 
 /// Bounds on a conversation: its turns, and a template given in a request.
 pub const MAX_MESSAGES: usize = 1024;
@@ -96,16 +70,14 @@ impl RawRequest {
             ));
         };
         for key in fields.keys() {
-            if !FIELDS.contains(&key.as_str())
-                && !COMPAT_FIELDS.contains(&key.as_str())
-                && !CHAT_FIELDS.contains(&key.as_str())
-                && !constraint::FIELDS.contains(&key.as_str())
-            {
+            if fields::named(key).is_none() {
                 return Err(CmplError::invalid(
                     key,
                     format!(
                         "unknown field `{key}` in {origin}; known fields: {}",
-                        FIELDS.join(", ")
+                        fields::names(Group::Contract)
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ),
                 ));
             }
@@ -133,7 +105,7 @@ impl RawRequest {
     /// meaning: the choices of prompt i come i-th), at most `limit`; `None`
     /// for one prompt.
     pub fn prompts(&self, limit: usize) -> Result<Option<Vec<RawRequest>>> {
-        let Some(Value::Array(items)) = self.get("prompt") else {
+        let Some(Value::Array(items)) = self.get(PROMPT.name) else {
             return Ok(None);
         };
         if items.len() <= 1 {
@@ -141,7 +113,7 @@ impl RawRequest {
         }
         if items.len() > limit {
             return Err(CmplError::invalid(
-                "prompt",
+                PROMPT.name,
                 format!(
                     "`prompt` lists {} prompts and this server takes at most {limit} in one request; send the rest in another",
                     items.len()
@@ -150,13 +122,13 @@ impl RawRequest {
         }
         // Each copy without the list, which is as long as the copies are many.
         let mut rest = self.clone();
-        rest.fields.remove("prompt");
+        rest.fields.remove(PROMPT.name);
         Ok(Some(
             items
                 .iter()
                 .map(|item| {
                     let mut one = rest.clone();
-                    one.set("prompt", item.clone());
+                    one.set(PROMPT.name, item.clone());
                     one
                 })
                 .collect(),
@@ -224,79 +196,81 @@ pub struct Chat {
 impl Request {
     pub fn validate(raw: &RawRequest) -> Result<Request> {
         let messages = messages(raw)?;
-        let prompt = match raw.get("prompt") {
+        let prompt = match raw.get(PROMPT.name) {
             None if messages.is_some() => String::new(),
             Some(_) if messages.is_some() => {
                 return Err(CmplError::invalid(
-                    "messages",
+                    MESSAGES.name,
                     "give `prompt` or `messages`, not both",
                 ))
             }
             None => {
                 return Err(CmplError::invalid(
-                    "prompt",
+                    PROMPT.name,
                     "no prompt: give PROMPT, pipe text or a JSON request on stdin, or use --prompt-file FILE",
                 ))
             }
             Some(Value::Array(items)) => match items.as_slice() {
-                [one @ Value::String(_)] => string(one, "prompt")?,
+                [one @ Value::String(_)] => string(one, PROMPT.name)?,
                 [] => String::new(),
                 [Value::String(_), ..] => {
                     return Err(CmplError::invalid(
-                        "prompt",
+                        PROMPT.name,
                         format!("`prompt` lists {} prompts and one run answers one; give each its own line with --batch (the server takes a list)", items.len()),
                     ))
                 }
                 _ => {
                     return Err(CmplError::invalid(
-                        "prompt",
+                        PROMPT.name,
                         "`prompt` must be a string (or a list of strings); token ids are not taken",
                     ))
                 }
             },
-            Some(v) => string(v, "prompt")?,
+            Some(v) => string(v, PROMPT.name)?,
         };
         if prompt.is_empty() && messages.is_none() {
             return Err(CmplError::invalid(
-                "prompt",
+                PROMPT.name,
                 "`prompt` is empty; give the text to complete",
             ));
         }
         let stop = stop(raw)?;
-        let n = integer(raw, "n", 1, 128)?.map_or(1, |v| v as u32);
+        let n = integer(raw, &N)?.map_or(1, |v| v as u32);
         compat(raw, n)?;
         let sampling = Sampling {
-            temperature: number(raw, "temperature", 0.0, 2.0)?.unwrap_or(DEFAULT_TEMPERATURE),
-            top_p: number(raw, "top_p", 0.0, 1.0)?.unwrap_or(1.0),
-            top_k: integer(raw, "top_k", 0, i64::from(i32::MAX))?.unwrap_or(0) as u32,
-            min_p: number(raw, "min_p", 0.0, 1.0)?.unwrap_or(0.0),
+            temperature: number(raw, &TEMPERATURE)?.unwrap_or(DEFAULT_TEMPERATURE),
+            top_p: number(raw, &TOP_P)?.unwrap_or(1.0),
+            top_k: integer(raw, &TOP_K)?.unwrap_or(0) as u32,
+            min_p: number(raw, &MIN_P)?.unwrap_or(0.0),
             repetition_penalty: repetition_penalty(raw)?,
-            presence_penalty: number(raw, "presence_penalty", -2.0, 2.0)?.unwrap_or(0.0),
-            frequency_penalty: number(raw, "frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0),
+            presence_penalty: number(raw, &PRESENCE_PENALTY)?.unwrap_or(0.0),
+            frequency_penalty: number(raw, &FREQUENCY_PENALTY)?.unwrap_or(0.0),
             logit_bias: logit_bias(raw)?,
         };
         let chat = chat(raw, &prompt, messages)?;
         Ok(Request {
-            model: raw.get("model").map(|v| string(v, "model")).transpose()?,
+            model: raw
+                .get(MODEL.name)
+                .map(|v| string(v, MODEL.name))
+                .transpose()?,
             prompt,
-            max_tokens: integer(raw, "max_tokens", 1, i64::from(u32::MAX))?
-                .map_or(DEFAULT_MAX_TOKENS, |v| v as u32),
+            max_tokens: integer(raw, &MAX_TOKENS)?.map_or(DEFAULT_MAX_TOKENS, |v| v as u32),
             stop,
             sampling,
-            stream: boolean(raw, "stream")?.unwrap_or(false),
-            logprobs: integer(raw, "logprobs", 0, 20)?.map(|v| v as u32),
-            echo: boolean(raw, "echo")?.unwrap_or(false),
+            stream: boolean(raw, STREAM.name)?.unwrap_or(false),
+            logprobs: integer(raw, &LOGPROBS)?.map(|v| v as u32),
+            echo: boolean(raw, ECHO.name)?.unwrap_or(false),
             n,
-            seed: integer(raw, "seed", 0, i64::from(u32::MAX))?.map(|v| v as u32),
-            openai_stream: raw.get("stream_options").is_some(),
+            seed: integer(raw, &SEED)?.map(|v| v as u32),
+            openai_stream: raw.get(STREAM_OPTIONS.name).is_some(),
             constraint: Constraint::from_fields(
-                raw.get("response_format"),
-                raw.get("structured_outputs"),
+                raw.get(RESPONSE_FORMAT.name),
+                raw.get(STRUCTURED_OUTPUTS.name),
             )?,
             chat,
             safety_model: raw
-                .get("safety_model")
-                .map(|v| string(v, "safety_model"))
+                .get(SAFETY_MODEL.name)
+                .map(|v| string(v, SAFETY_MODEL.name))
                 .transpose()?,
         })
     }
@@ -305,26 +279,29 @@ impl Request {
 /// The conversation, where the request is a chat: `messages` as given (a
 /// `system` before them), or `chat` with the prompt as the user's message.
 fn chat(raw: &RawRequest, prompt: &str, messages: Option<Vec<Message>>) -> Result<Option<Chat>> {
-    let on = boolean(raw, "chat")?;
-    let system = raw.get("system").map(|v| string(v, "system")).transpose()?;
+    let on = boolean(raw, CHAT.name)?;
+    let system = raw
+        .get(SYSTEM.name)
+        .map(|v| string(v, SYSTEM.name))
+        .transpose()?;
     let template = raw
-        .get("chat_template")
-        .map(|v| string(v, "chat_template"))
+        .get(CHAT_TEMPLATE.name)
+        .map(|v| string(v, CHAT_TEMPLATE.name))
         .transpose()?;
     if template
         .as_ref()
         .is_some_and(|t| t.len() > MAX_TEMPLATE_BYTES)
     {
         return Err(CmplError::invalid(
-            "chat_template",
+            CHAT_TEMPLATE.name,
             format!("the chat template is over {} KiB", MAX_TEMPLATE_BYTES >> 10),
         ));
     }
     // A system message or a template asks for a chat; `"chat": false`
     // beside one is a contradiction.
     let implied = [
-        ("system", system.is_some()),
-        ("chat_template", template.is_some()),
+        (SYSTEM.name, system.is_some()),
+        (CHAT_TEMPLATE.name, template.is_some()),
     ];
     let implied = implied
         .iter()
@@ -356,12 +333,12 @@ fn chat(raw: &RawRequest, prompt: &str, messages: Option<Vec<Message>>) -> Resul
 /// `messages`: a list of `{"role", "content"}` turns, the content a string
 /// or a list of text parts (`{"type": "text", "text": ...}`).
 fn messages(raw: &RawRequest) -> Result<Option<Vec<Message>>> {
-    let Some(v) = raw.get("messages") else {
+    let Some(v) = raw.get(MESSAGES.name) else {
         return Ok(None);
     };
     let bad = |at: String, what: &str| {
         Err(CmplError::invalid(
-            "messages",
+            MESSAGES.name,
             format!("`messages{at}` {what}"),
         ))
     };
@@ -400,7 +377,7 @@ fn messages(raw: &RawRequest) -> Result<Option<Vec<Message>>> {
         };
         let role = match m.get("role") {
             Some(Value::String(r)) if matches!(r.as_str(), "system" | "user" | "assistant") => r.clone(),
-            Some(Value::String(r)) if matches!(r.as_str(), "developer") => "system".to_string(),
+            Some(Value::String(r)) if matches!(r.as_str(), "developer") => SYSTEM.name.to_string(),
             Some(Value::String(r)) if matches!(r.as_str(), "tool" | "function") => {
                 return bad(format!("[{i}].role"), &format!("is {r:?}: tools and function calling are not supported; send system, user and assistant messages"))
             }
@@ -568,7 +545,10 @@ fn boolean(raw: &RawRequest, key: &str) -> Result<Option<bool>> {
     }
 }
 
-fn integer(raw: &RawRequest, key: &str, min: i64, max: i64) -> Result<Option<i64>> {
+fn integer(raw: &RawRequest, field: &Field) -> Result<Option<i64>> {
+    let (key, fields::Kind::Integer { min, max }) = (field.name, field.kind) else {
+        return Err(CmplError::internal(format!("{} is no integer", field.name)));
+    };
     let Some(v) = raw.get(key) else {
         return Ok(None);
     };
@@ -598,7 +578,10 @@ fn integer(raw: &RawRequest, key: &str, min: i64, max: i64) -> Result<Option<i64
     }
 }
 
-fn number(raw: &RawRequest, key: &str, min: f64, max: f64) -> Result<Option<f32>> {
+fn number(raw: &RawRequest, field: &Field) -> Result<Option<f32>> {
+    let (key, fields::Kind::Number { min, max }) = (field.name, field.kind) else {
+        return Err(CmplError::internal(format!("{} is no number", field.name)));
+    };
     let Some(v) = raw.get(key) else {
         return Ok(None);
     };
@@ -621,12 +604,12 @@ fn number(raw: &RawRequest, key: &str, min: f64, max: f64) -> Result<Option<f32>
 /// The schema gives no range; llama.cpp needs it positive, and past 10 it only
 /// makes noise, so larger values are almost surely a typo.
 fn repetition_penalty(raw: &RawRequest) -> Result<f32> {
-    let Some(value) = number(raw, "repetition_penalty", 0.0, 10.0)? else {
+    let Some(value) = number(raw, &REPETITION_PENALTY)? else {
         return Ok(1.0);
     };
     if value <= 0.0 {
         return Err(CmplError::invalid(
-            "repetition_penalty",
+            REPETITION_PENALTY.name,
             "`repetition_penalty` must be greater than 0 (1 disables it), got 0",
         ));
     }
@@ -638,13 +621,13 @@ fn repetition_penalty(raw: &RawRequest) -> Result<f32> {
 /// the contract's place), `best_of` equal to `n` (the same request); a larger
 /// `best_of`, and `suffix` (insertion), are refused by name.
 fn compat(raw: &RawRequest, n: u32) -> Result<()> {
-    if let Some(v) = raw.get("user") {
-        string(v, "user")?;
+    if let Some(v) = raw.get(USER.name) {
+        string(v, USER.name)?;
     }
-    if let Some(v) = raw.get("stream_options") {
+    if let Some(v) = raw.get(STREAM_OPTIONS.name) {
         let Value::Object(options) = v else {
             return Err(CmplError::invalid(
-                "stream_options",
+                STREAM_OPTIONS.name,
                 format!(
                     "`stream_options` must be an object like {{\"include_usage\": true}}, not {}",
                     json_kind(v)
@@ -656,7 +639,7 @@ fn compat(raw: &RawRequest, n: u32) -> Result<()> {
                 ("include_usage", Value::Bool(_) | Value::Null) => {}
                 ("include_usage", other) => {
                     return Err(CmplError::invalid(
-                        "stream_options",
+                        STREAM_OPTIONS.name,
                         format!(
                             "`stream_options.include_usage` must be true or false, not {}",
                             json_kind(other)
@@ -665,26 +648,26 @@ fn compat(raw: &RawRequest, n: u32) -> Result<()> {
                 }
                 _ => {
                     return Err(CmplError::invalid(
-                        "stream_options",
+                        STREAM_OPTIONS.name,
                         format!("unknown field `stream_options.{key}`; known: include_usage"),
                     ))
                 }
             }
         }
     }
-    if let Some(best_of) = integer(raw, "best_of", 1, 128)? {
+    if let Some(best_of) = integer(raw, &BEST_OF)? {
         if best_of != i64::from(n) {
             return Err(CmplError::invalid(
-                "best_of",
+                BEST_OF.name,
                 format!("`best_of` {best_of} is not supported: cmpl does not rank choices; leave it out (or equal to n) and pick from n choices with --logprobs"),
             ));
         }
     }
-    match raw.get("suffix") {
+    match raw.get(SUFFIX.name) {
         None => Ok(()),
         Some(Value::String(s)) if s.is_empty() => Ok(()),
         Some(_) => Err(CmplError::invalid(
-            "suffix",
+            SUFFIX.name,
             "`suffix` (text after the insertion) is not supported: cmpl completes a prompt at its end; leave it out",
         )),
     }
@@ -692,13 +675,13 @@ fn compat(raw: &RawRequest, n: u32) -> Result<()> {
 
 /// A list of strings, or one string (as OpenAI's API also takes it).
 fn stop(raw: &RawRequest) -> Result<Vec<String>> {
-    let items = match raw.get("stop") {
+    let items = match raw.get(STOP.name) {
         None => return Ok(Vec::new()),
         Some(Value::Array(items)) => items.as_slice(),
         Some(one @ Value::String(_)) => std::slice::from_ref(one),
         Some(other) => {
             return Err(CmplError::invalid(
-                "stop",
+                STOP.name,
                 format!(
                     "`stop` must be a list of strings like [\"\\n\"], not {}",
                     json_kind(other)
@@ -708,7 +691,7 @@ fn stop(raw: &RawRequest) -> Result<Vec<String>> {
     };
     if items.len() > MAX_STOPS {
         return Err(CmplError::invalid(
-            "stop",
+            STOP.name,
             format!(
                 "`stop` has {} strings; at most {MAX_STOPS} are allowed",
                 items.len()
@@ -719,11 +702,11 @@ fn stop(raw: &RawRequest) -> Result<Vec<String>> {
         .iter()
         .map(|s| match s {
             Value::String(s) if s.is_empty() => Err(CmplError::invalid(
-                "stop",
+                STOP.name,
                 "`stop` strings must not be empty",
             )),
             Value::String(s) if s.len() > MAX_STOP_BYTES => Err(CmplError::invalid(
-                "stop",
+                STOP.name,
                 format!(
                     "a `stop` string is {} bytes; at most {MAX_STOP_BYTES} are allowed",
                     s.len()
@@ -731,7 +714,7 @@ fn stop(raw: &RawRequest) -> Result<Vec<String>> {
             )),
             Value::String(s) => Ok(s.clone()),
             other => Err(CmplError::invalid(
-                "stop",
+                STOP.name,
                 format!(
                     "`stop` must be a list of strings, found {}",
                     json_kind(other)
@@ -743,12 +726,12 @@ fn stop(raw: &RawRequest) -> Result<Vec<String>> {
 
 /// Token ids to biases; each id once (`"7"` and `"07"` are the same id).
 fn logit_bias(raw: &RawRequest) -> Result<Vec<(i64, f32)>> {
-    let Some(v) = raw.get("logit_bias") else {
+    let Some(v) = raw.get(LOGIT_BIAS.name) else {
         return Ok(Vec::new());
     };
     let Value::Object(map) = v else {
         return Err(CmplError::invalid(
-            "logit_bias",
+            LOGIT_BIAS.name,
             format!(
                 "`logit_bias` must be an object mapping token ids to biases, like {{\"1024\": -10.5}}, not {}",
                 json_kind(v)
@@ -757,7 +740,7 @@ fn logit_bias(raw: &RawRequest) -> Result<Vec<(i64, f32)>> {
     };
     if map.len() > MAX_LOGIT_BIAS {
         return Err(CmplError::invalid(
-            "logit_bias",
+            LOGIT_BIAS.name,
             format!(
                 "`logit_bias` has {} entries; at most {MAX_LOGIT_BIAS} are allowed",
                 map.len()
@@ -769,26 +752,26 @@ fn logit_bias(raw: &RawRequest) -> Result<Vec<(i64, f32)>> {
         .map(|(key, bias)| {
             let id: i64 = key.trim().parse().map_err(|_| {
                 CmplError::invalid(
-                    "logit_bias",
+                    LOGIT_BIAS.name,
                     format!("`logit_bias` key {key:?} is not a token id; keys are integers like \"1024\""),
                 )
             })?;
             if id < 0 {
                 return Err(CmplError::invalid(
-                    "logit_bias",
+                    LOGIT_BIAS.name,
                     format!("`logit_bias` key {id} is negative; token ids start at 0"),
                 ));
             }
             if !seen.insert(id) {
                 return Err(CmplError::invalid(
-                    "logit_bias",
+                    LOGIT_BIAS.name,
                     format!("`logit_bias` names token {id} twice (as {key:?} and another spelling); give each id once"),
                 ));
             }
             match bias.as_f64() {
                 Some(b) if b.is_finite() && (-100.0..=100.0).contains(&b) => Ok((id, b as f32)),
                 _ => Err(CmplError::invalid(
-                    "logit_bias",
+                    LOGIT_BIAS.name,
                     format!("`logit_bias` value for token {id} must be a number from -100 to 100, got {bias}"),
                 )),
             }

@@ -10,6 +10,7 @@
 //! has enabled it (unit tests, fuzzing) a render runs in-process.
 
 use crate::error::{CmplError, Result};
+use crate::fields;
 use crate::template::{self, Job, Rendered};
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
@@ -155,7 +156,7 @@ fn render_in_child(program: &PathBuf, job: &Job) -> Result<Rendered> {
     }
     if complaint.contains("memory allocation") || complaint.contains("capacity overflow") {
         return Err(CmplError::invalid(
-            "chat_template",
+            fields::CHAT_TEMPLATE.name,
             format!(
                 "the chat template builds more than its {} MiB of memory (every string it makes must fit); simplify it",
                 memory >> 20
@@ -170,7 +171,7 @@ fn render_in_child(program: &PathBuf, job: &Job) -> Result<Rendered> {
 
 fn over_time() -> CmplError {
     CmplError::invalid(
-        "chat_template",
+        fields::CHAT_TEMPLATE.name,
         format!("the chat template runs over its {SECONDS} s bound; simplify it"),
     )
 }
@@ -213,7 +214,9 @@ pub fn child() -> i32 {
     let reply = match template::render_here(&job) {
         Ok(rendered) => Reply::Rendered(rendered),
         Err(e) => Reply::Invalid {
-            param: e.param.unwrap_or_else(|| "chat_template".to_string()),
+            param: e
+                .param
+                .unwrap_or_else(|| fields::CHAT_TEMPLATE.name.to_string()),
             message: e.message,
         },
     };

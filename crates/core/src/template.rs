@@ -5,6 +5,7 @@
 //! Python's `json.dumps` writes it.
 
 use crate::error::{CmplError, Result};
+use crate::fields;
 use minijinja::{Environment, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
 
@@ -141,13 +142,16 @@ fn render_with(
     env.add_filter("tojson", tojson);
     env.add_template("chat_template", source).map_err(|e| {
         CmplError::invalid(
-            "chat_template",
+            fields::CHAT_TEMPLATE.name,
             format!("the chat template is not valid Jinja: {}", describe(&e)),
         )
     })?;
-    let template = env
-        .get_template("chat_template")
-        .map_err(|e| CmplError::invalid("chat_template", format!("the chat template: {e}")))?;
+    let template = env.get_template("chat_template").map_err(|e| {
+        CmplError::invalid(
+            fields::CHAT_TEMPLATE.name,
+            format!("the chat template: {e}"),
+        )
+    })?;
     let ctx = minijinja::context! {
         messages => messages,
         add_generation_prompt => generation_prompt,
@@ -165,35 +169,35 @@ fn render_with(
     }))
     .map_err(|_| {
         CmplError::invalid(
-            "chat_template",
+            fields::CHAT_TEMPLATE.name,
             "the chat template made its renderer fail (a fault of minijinja, the template engine, on this template); fix the template or give another with --chat-template",
         )
     })?;
     match done {
         Ok(()) => String::from_utf8(out.out).map_err(|_| {
-            CmplError::invalid("chat_template", "the chat template wrote text that is not UTF-8")
+            CmplError::invalid(fields::CHAT_TEMPLATE.name, "the chat template wrote text that is not UTF-8")
         }),
         Err(e) => Err(match e.kind() {
             ErrorKind::InvalidOperation if e.detail().is_some_and(|d| d.starts_with(RAISED)) => {
                 let said = e.detail().unwrap_or_default().trim_start_matches(RAISED);
                 CmplError::invalid(
-                    "messages",
+                    fields::MESSAGES.name,
                     format!("the chat template refuses this conversation: {said}"),
                 )
             }
             ErrorKind::OutOfFuel => CmplError::invalid(
-                "chat_template",
+                fields::CHAT_TEMPLATE.name,
                 "the chat template runs too long (over 5 million steps); simplify it",
             ),
             ErrorKind::WriteFailure => CmplError::invalid(
-                "chat_template",
+                fields::CHAT_TEMPLATE.name,
                 format!(
                     "the chat template writes a prompt over its bound of {} bytes (the model's context in tokens × {BYTES_PER_TOKEN}); shorten the conversation or fix the template",
                     limit
                 ),
             ),
             _ => CmplError::invalid(
-                "chat_template",
+                fields::CHAT_TEMPLATE.name,
                 format!("the chat template failed: {}", describe(&e)),
             ),
         }),

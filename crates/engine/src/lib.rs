@@ -10,6 +10,7 @@
 //! call costs, answers for lookup, structured output's trie), `calibrate`
 //! (timing the call costs), `cpu` (the CPU's name for the cost files).
 
+mod admit;
 mod bounds;
 mod calibrate;
 mod costs;
@@ -26,13 +27,12 @@ mod prepare;
 mod run;
 mod sampler;
 mod scheduler;
-mod serve;
 mod state;
 mod vector;
 
+pub use admit::Arrival;
 pub use cpu::cpu_features;
 pub use guide::unenforceable;
-pub use serve::Arrival;
 // The core's: a plain value the wire carries as it is.
 pub use cmpl_core::cells::Cells;
 

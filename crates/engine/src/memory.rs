@@ -1,4 +1,4 @@
-//! The KV memory guard: a cache that would not fit is refused before
+//! The KV memory check: a cache that would not fit is refused before
 //! llama.cpp tries to allocate it.
 
 use super::Engine;

@@ -4,6 +4,7 @@
 
 use crate::{guide, Cells, Engine, Job};
 use cmpl_core::error::{CmplError, Result};
+use cmpl_core::fields;
 use cmpl_core::request::Request;
 use llama_cpp_2::token::LlamaToken;
 
@@ -77,7 +78,7 @@ impl Engine {
             (None, Some(own)) => own.to_string(),
             (None, None) => {
                 return Err(CmplError::invalid(
-                    "chat_template",
+                    fields::CHAT_TEMPLATE.name,
                     format!(
                         "{} has no chat template (a base model, or no tokenizer.chat_template in its GGUF); give one with --chat-template FILE, or leave out --chat and write the prompt as the model expects it",
                         self.model_ref.name
@@ -123,7 +124,7 @@ impl Engine {
             .find(|(id, _)| *id >= n_vocab)
         {
             return Err(CmplError::invalid(
-                "logit_bias",
+                fields::LOGIT_BIAS.name,
                 format!(
                     "`logit_bias` names token {id}, but this model's vocabulary has ids 0 to {}",
                     n_vocab - 1
@@ -149,14 +150,14 @@ impl Engine {
                 return Err(CmplError::context(format!(
                     "the prompt is {bytes} bytes, at least {at_least} tokens, and {holder} holds {limit}; shorten the prompt"
                 ))
-                .with_param("prompt"));
+                .with_param(fields::PROMPT.name));
             }
         }
         let tokens = self.tokenize(&request.prompt);
         if tokens.is_empty() {
             // Nothing to condition on: a draw would read stale or no logits.
             return Err(CmplError::invalid(
-                "prompt",
+                fields::PROMPT.name,
                 "the prompt tokenizes to no tokens with this model (which adds no BOS); give some text to complete",
             ));
         }
@@ -175,7 +176,7 @@ impl Engine {
                 "the prompt is {n_prompt} tokens and {holder} holds {limit}, which leaves no room to generate{}; shorten the prompt{fix}",
                 if pooled { format!(" {} choices", request.n) } else { String::new() },
             ))
-            .with_param("prompt"));
+            .with_param(fields::PROMPT.name));
         }
         let guide = match &request.constraint {
             Some(c) => Some(self.guides()?.compile(c)?),

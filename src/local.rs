@@ -4,17 +4,17 @@
 use crate::engine::{Engine, LoadOptions};
 use crate::error::{CmplError, Result};
 use crate::models::ModelRef;
-use crate::options::Runtime;
+use crate::options::RunSettings;
 use crate::signal::INTERRUPTED;
 use std::io::IsTerminal;
 use std::sync::atomic::Ordering;
 
 /// The local engine on the model `named` (else the environment's, the
 /// config's, the default), and that model's name: for a run, or the server.
-pub fn local(
+pub fn load_named(
     named: Option<&str>,
     config_model: Option<&str>,
-    runtime: &Runtime,
+    runtime: &RunSettings,
 ) -> Result<(&'static Engine, String)> {
     let model = crate::models::resolve(named, config_model)?;
     let name = model.name.clone();
@@ -22,7 +22,7 @@ pub fn local(
 }
 
 /// Loads `model` with `runtime`'s settings (a progress bar on a terminal).
-pub fn load(model: ModelRef, runtime: &Runtime) -> Result<&'static Engine> {
+pub fn load(model: ModelRef, runtime: &RunSettings) -> Result<&'static Engine> {
     let opts = LoadOptions {
         threads: runtime.threads,
         n_gpu_layers: runtime.n_gpu_layers,
