@@ -52,6 +52,7 @@ Register-ArgumentCompleter -Native -CommandName 'cmpl' -ScriptBlock {
             [CompletionResult]::new('--request', '--request', [CompletionResultType]::ParameterName, 'Read the JSON request from FILE (''-'' for stdin)')
             [CompletionResult]::new('--prompt-file', '--prompt-file', [CompletionResultType]::ParameterName, 'Read the prompt as plain text from FILE (''-'' for stdin)')
             [CompletionResult]::new('--batch', '--batch', [CompletionResultType]::ParameterName, 'Answer a JSON Lines file of requests (stdin without FILE), one JSON line out per line in, in order, decoding the requests together. Exit 1 if any line failed. Lines with "stream": true get a whole response')
+            [CompletionResult]::new('--output', '--output', [CompletionResultType]::ParameterName, 'Write --batch''s answers to FILE instead of stdout, each as it completes (in input order; those ahead of their turn wait in FILE.pending). A rerun with the same input and FILE answers only what is missing')
             [CompletionResult]::new('--parallel', '--parallel', [CompletionResultType]::ParameterName, 'Sequences decoded together in --batch mode [default: 32, fewer if their KV cache would not fit]')
             [CompletionResult]::new('-t', '-t', [CompletionResultType]::ParameterName, 'CPU threads, 1..1024 [default: physical cores]')
             [CompletionResult]::new('--threads', '--threads', [CompletionResultType]::ParameterName, 'CPU threads, 1..1024 [default: physical cores]')

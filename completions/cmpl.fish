@@ -30,6 +30,7 @@ complete -c cmpl -l chat-template -d 'The Jinja chat template in FILE instead of
 complete -c cmpl -l request -d 'Read the JSON request from FILE (\'-\' for stdin)' -r -F
 complete -c cmpl -l prompt-file -d 'Read the prompt as plain text from FILE (\'-\' for stdin)' -r -F
 complete -c cmpl -l batch -d 'Answer a JSON Lines file of requests (stdin without FILE), one JSON line out per line in, in order, decoding the requests together. Exit 1 if any line failed. Lines with "stream": true get a whole response' -r -F
+complete -c cmpl -l output -d 'Write --batch\'s answers to FILE instead of stdout, each as it completes (in input order; those ahead of their turn wait in FILE.pending). A rerun with the same input and FILE answers only what is missing' -r -F
 complete -c cmpl -l parallel -d 'Sequences decoded together in --batch mode [default: 32, fewer if their KV cache would not fit]' -r
 complete -c cmpl -s t -l threads -d 'CPU threads, 1..1024 [default: physical cores]' -r
 complete -c cmpl -s c -l ctx-size -d 'KV cache size in tokens, shared by all choices; with --serve, split evenly among the --parallel slots [default: sized to the request; 4096 per slot]' -r

@@ -36,8 +36,8 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
         }
         Action::ListModels => crate::models::list(&mut std::io::stdout().lock()),
         Action::ModelsDir => models_dir(),
-        Action::Batch(file) => {
-            return match crate::batch::run(&inv, &config, file.as_deref()) {
+        Action::Batch(files) => {
+            return match crate::batch::run(&inv, &config, files) {
                 Ok(true) => 0,
                 Ok(false) => 1,
                 Err(e) => report(&e, true),

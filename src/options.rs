@@ -17,7 +17,7 @@ pub enum Action {
     /// One request: text, JSON or a stream.
     Complete,
     /// JSON Lines from FILE (stdin for `None` or `-`).
-    Batch(Option<PathBuf>),
+    Batch(BatchFiles),
     /// The API over HTTP.
     Serve(ServeOptions),
     /// `--ps`: the residents running.
@@ -130,4 +130,13 @@ pub struct ServeOptions {
     /// Started by a caller (`CMPL_RESIDENT_READY`): stdout is a pipe that
     /// hears `ready` once this listens, or the error that stopped it.
     pub ready_pipe: bool,
+}
+
+/// `--batch [FILE]` and `--output FILE`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BatchFiles {
+    /// Stdin for `None` or `-`.
+    pub input: Option<PathBuf>,
+    /// Stdout for `None`; a file a rerun resumes.
+    pub output: Option<PathBuf>,
 }

@@ -295,7 +295,10 @@ fn one_shots_correct_a_kept_curve_their_own_calls_depart_from() {
         }
         assert!(err.contains("as kept: "), "{err}");
         assert!(err.contains("pooled with the runs before: "), "{err}");
-        assert!(runs < 16, "the pool never departed: {err}");
+        // Each run adds a fraction of a call per size (the lesser of its calls
+        // of that size and of one token): on an AMD EPYC 16 runs left the pool
+        // just short of the 20 it needs.
+        assert!(runs < 40, "the pool never departed: {err}");
     }
     let (_, after) = kept_curve(cache.path());
     // Timed again: no longer the tilted curve (which way a fresh timing

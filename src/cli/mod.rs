@@ -250,6 +250,12 @@ pub struct Cli {
     #[arg(long, value_name = "FILE", num_args = 0..=1, conflicts_with_all = ["prompt", "prompt_file", "request"], help_heading = "Batch")]
     pub batch: Option<Option<PathBuf>>,
 
+    /// Write --batch's answers to FILE instead of stdout, each as it completes
+    /// (in input order; those ahead of their turn wait in FILE.pending). A
+    /// rerun with the same input and FILE answers only what is missing.
+    #[arg(long, value_name = "FILE", requires = "batch", help_heading = "Batch")]
+    pub output: Option<PathBuf>,
+
     /// Sequences decoded together in --batch mode [default: 32, fewer if their KV cache would not fit].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256), help_heading = "Batch")]
     pub parallel: Option<u32>,

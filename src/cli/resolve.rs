@@ -63,7 +63,10 @@ impl Cli {
         } else if let Some(which) = &self.stop_resident {
             Action::Stop(which.clone())
         } else if let Some(file) = &self.batch {
-            Action::Batch(file.clone())
+            Action::Batch(crate::options::BatchFiles {
+                input: file.clone(),
+                output: self.output.clone(),
+            })
         } else if let Some(addr) = &self.serve {
             Action::Serve(ServeOptions {
                 listen: serve_addr(addr)?,

@@ -14,14 +14,7 @@ pub type Refusal = (StatusCode, CmplError);
 
 /// The HTTP status the API uses for an error of this kind.
 pub fn status_of(e: &CmplError) -> StatusCode {
-    match e.kind {
-        ErrorKind::InvalidRequest | ErrorKind::ContextLength | ErrorKind::Flagged => {
-            StatusCode::BAD_REQUEST
-        }
-        ErrorKind::Auth => StatusCode::UNAUTHORIZED,
-        ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
-    }
+    StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
 pub fn json(status: StatusCode, body: String) -> Response {

@@ -6,7 +6,7 @@ use crate::api::{
     ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatDelta, ChatFinishReason,
     ChatLogprobs, ChatMessage, ChatTokenLogprob, ChatTopLogprob, ResponseHeader, Usage,
 };
-use crate::backend::{Event, Finish, TokenInfo};
+use crate::backend::{Event, Finish, JobResult, TokenInfo};
 use crate::error::Result;
 use crate::request::Request;
 use serde::Serialize;
@@ -22,6 +22,37 @@ pub struct ChatWriter<W: Write> {
     include_usage: bool,
     /// Which choices have sent their first chunk (the one with the role).
     opened: Vec<bool>,
+}
+
+/// A finished job as a `chat.completion` object (`header`'s id and time).
+pub fn completion(header: &ResponseHeader, logprobs: bool, result: &JobResult) -> ChatCompletion {
+    let choices = result
+        .choices
+        .iter()
+        .map(|c| ChatChoice {
+            index: c.index,
+            message: ChatMessage {
+                role: "assistant",
+                content: c.text.clone(),
+            },
+            logprobs: c
+                .tokens
+                .as_ref()
+                .filter(|_| logprobs)
+                .map(|t| ChatLogprobs {
+                    content: t.iter().map(token_logprob).collect(),
+                }),
+            finish_reason: reason(c.finish),
+        })
+        .collect();
+    ChatCompletion {
+        id: header.id.clone(),
+        object: "chat.completion",
+        created: header.created,
+        model: header.model.clone(),
+        choices,
+        usage: Usage::new(result.prompt_tokens, result.completion_tokens),
+    }
 }
 
 impl<W: Write> ChatWriter<W> {
@@ -78,31 +109,7 @@ impl<W: Write> ChatWriter<W> {
                 self.write_sse(&chunk)
             }
             Event::Done { result, .. } => {
-                let choices = result
-                    .choices
-                    .iter()
-                    .map(|c| ChatChoice {
-                        index: c.index,
-                        message: ChatMessage {
-                            role: "assistant",
-                            content: c.text.clone(),
-                        },
-                        logprobs: c.tokens.as_ref().filter(|_| self.logprobs).map(|t| {
-                            ChatLogprobs {
-                                content: t.iter().map(token_logprob).collect(),
-                            }
-                        }),
-                        finish_reason: reason(c.finish),
-                    })
-                    .collect();
-                let response = ChatCompletion {
-                    id: self.header.id.clone(),
-                    object: "chat.completion",
-                    created: self.header.created,
-                    model: self.header.model.clone(),
-                    choices,
-                    usage: Usage::new(result.prompt_tokens, result.completion_tokens),
-                };
+                let response = completion(&self.header, self.logprobs, &result);
                 serde_json::to_writer(&mut self.out, &response).map_err(std::io::Error::from)?;
                 self.out.flush()?;
                 Ok(())

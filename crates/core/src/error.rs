@@ -131,6 +131,16 @@ impl CmplError {
         self
     }
 
+    /// The HTTP status the API answers an error of this kind with.
+    pub fn http_status(&self) -> u16 {
+        match self.kind {
+            ErrorKind::InvalidRequest | ErrorKind::ContextLength | ErrorKind::Flagged => 400,
+            ErrorKind::Auth => 401,
+            ErrorKind::Unavailable => 503,
+            _ => 500,
+        }
+    }
+
     /// The API's `ErrorData` object.
     pub fn to_error_data(&self) -> Value {
         json!({

@@ -1,17 +1,21 @@
 //! `--batch`: JSON Lines in, JSON Lines out. One model load; the requests'
 //! sequences share one context and are decoded together, a finished
 //! request's slots going to the next (the engine's continuous batching).
+//! With `--output FILE` a killed run resumes where it stopped (`output`).
+
+mod openai;
+mod output;
 
 use crate::api::ResponseHeader;
-use crate::backend::{Drafts, Event, RunOptions};
+use crate::backend::{Drafts, Event, JobResult, RunOptions};
 use crate::config::Config;
 use crate::error::{CmplError, Result};
 use crate::fields;
-use crate::options::Invocation;
+use crate::options::{BatchFiles, Invocation};
 use crate::request::{RawRequest, Request};
 use crate::signal::INTERRUPTED;
-use std::collections::BTreeMap;
-use std::io::{BufRead, IsTerminal, Write};
+use output::Output;
+use std::io::{BufRead, IsTerminal};
 use std::path::Path;
 
 /// What a valid line's response needs of its request.
@@ -23,6 +27,61 @@ struct Line {
     /// The prompt, when echoed (a chat's as its template rendered it).
     echoed: Option<String>,
     logprobs: Option<u32>,
+    form: Form,
+}
+
+/// How a line's answer is written.
+#[derive(Clone)]
+enum Form {
+    /// The response, or the `ErrorData`, alone.
+    Plain,
+    /// In an OpenAI batch file's output line (`openai`).
+    Batch {
+        custom_id: Option<String>,
+        chat: bool,
+    },
+}
+
+impl Form {
+    /// A line's answer: `result`'s response, as `line` asks it written.
+    fn answer(line: &Line, result: JobResult) -> Result<String> {
+        let echoed = line.echoed.as_deref().unwrap_or_default();
+        let completion = |result| {
+            crate::printer::response(
+                &line.header,
+                echoed,
+                line.echoed.is_some(),
+                line.logprobs,
+                result,
+            )
+        };
+        let text = match &line.form {
+            Form::Plain => serde_json::to_string(&completion(result)),
+            Form::Batch { custom_id, chat } => {
+                let body = if *chat {
+                    serde_json::to_value(crate::chat_printer::completion(
+                        &line.header,
+                        line.logprobs.is_some(),
+                        &result,
+                    ))
+                } else {
+                    serde_json::to_value(completion(result))
+                };
+                body.map(|body| openai::line(&line.header.id, custom_id.as_deref(), 200, body))
+            }
+        };
+        Ok(text.map_err(std::io::Error::from)?)
+    }
+
+    /// A line's error, as its answer is written; `id` is the line's.
+    fn error(&self, id: &str, e: &CmplError) -> String {
+        match self {
+            Form::Plain => e.to_error_data().to_string(),
+            Form::Batch { custom_id, .. } => {
+                openai::line(id, custom_id.as_deref(), e.http_status(), e.to_error_data())
+            }
+        }
+    }
 }
 
 /// Reads the lines of `file` (stdin for `None` or `-`), skipping blank ones.
@@ -47,35 +106,73 @@ pub fn read_lines(file: Option<&Path>) -> Result<Vec<(usize, String)>> {
 }
 
 /// Answers every line of `file`; returns whether all succeeded.
-pub fn run(inv: &Invocation, config: &Config, file: Option<&Path>) -> Result<bool> {
-    let lines = read_lines(file)?;
-    if lines.is_empty() {
-        return Ok(true);
+pub fn run(inv: &Invocation, config: &Config, files: &BatchFiles) -> Result<bool> {
+    let lines = read_lines(files.input.as_deref())?;
+    let (mut out, resumed) = match &files.output {
+        Some(path) => Output::file(path)?,
+        None => (Output::stdout(), Default::default()),
+    };
+    if lines.len() < resumed.written {
+        return Err(CmplError::invalid(
+            "output",
+            format!(
+                "--output holds {} answers and the input has {} requests: it holds another input's answers; give another --output",
+                resumed.written,
+                lines.len()
+            ),
+        ));
+    }
+    if (0..lines.len()).all(|i| resumed.has(i)) {
+        return out.finish();
     }
     let (backend, model) = crate::open::backend(
         inv.flags.get(fields::MODEL.name).and_then(|m| m.as_str()),
         config.model.as_deref(),
         &inv.runtime,
     )?;
-    let created = std::env::var("SOURCE_DATE_EPOCH")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| ResponseHeader::new("").created);
-
-    let mut out = Output {
-        writer: std::io::stdout().lock(),
-        next: 0,
-        ready: BTreeMap::new(),
-        failed: false,
-    };
+    // An earlier run's answers say when the run began: the rest share it.
+    let created = resumed.created.unwrap_or_else(|| {
+        std::env::var("SOURCE_DATE_EPOCH")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| ResponseHeader::new("").created)
+    });
+    // An OpenAI batch file when its first line is one.
+    let batch_file = openai::is_batch_line(&lines[0].1);
     let mut requests = Vec::new();
     let mut meta = Vec::new();
     for (i, (number, text)) in lines.iter().enumerate() {
+        if resumed.has(i) {
+            continue;
+        }
         let mut header = header(created, i, text);
-        match parse(&config.request, &inv.flags, text, &header) {
-            Ok(request) => {
+        let mut form = Form::Plain;
+        let parsed = if batch_file {
+            form = Form::Batch {
+                custom_id: openai::custom_id(text),
+                chat: false,
+            };
+            openai::read(text).and_then(|line| {
+                form = Form::Batch {
+                    custom_id: Some(line.custom_id),
+                    chat: line.chat,
+                };
+                let request = layered(&config.request, line.body, &inv.flags, &header)?;
+                // The served model answers; the answer carries the line's name.
+                Ok((request, line.model))
+            })
+        } else {
+            parse(&config.request, &inv.flags, text, &header).map(|r| (r, None))
+        };
+        match parsed {
+            Ok((request, named)) => {
                 // The model as the line names it, else the run's.
-                header.model = request.model.clone().unwrap_or_else(|| model.clone());
+                header.model = named
+                    .or_else(|| request.model.clone())
+                    .unwrap_or_else(|| model.clone());
+                if matches!(form, Form::Batch { chat: true, .. }) {
+                    header.id = header.id.replacen("cmpl-", "chatcmpl-", 1);
+                }
                 let echoed = request.echo.then(|| request.prompt.clone());
                 meta.push(Line {
                     index: i,
@@ -83,15 +180,15 @@ pub fn run(inv: &Invocation, config: &Config, file: Option<&Path>) -> Result<boo
                     header,
                     echoed,
                     logprobs: request.logprobs,
+                    form,
                 });
                 requests.push(request);
             }
-            Err(e) => out.fail(i, *number, e),
+            Err(e) => out.fail(i, *number, e, |e| form.error(&header.id, e))?,
         }
     }
-    out.write_ready()?;
     if requests.is_empty() {
-        return Ok(!out.failed);
+        return out.finish();
     }
 
     let opts = RunOptions {
@@ -107,36 +204,18 @@ pub fn run(inv: &Invocation, config: &Config, file: Option<&Path>) -> Result<boo
         match event {
             Event::Token { .. } => progress.token(),
             Event::Rejected { job, error } => {
-                let Line {
-                    index: line,
-                    number,
-                    ..
-                } = &meta[job];
-                out.fail(*line, *number, error);
-                out.write_ready()?;
+                let line = &meta[job];
+                out.fail(line.index, line.number, error, |e| {
+                    line.form.error(&line.header.id, e)
+                })?;
                 progress.done();
             }
             Event::Done { job, result } => {
                 drafts.add(result.drafts);
                 reused += u64::from(result.reused);
                 prompt_tokens += u64::from(result.prompt_tokens);
-                let Line {
-                    index: line,
-                    header,
-                    echoed,
-                    logprobs,
-                    ..
-                } = &meta[job];
-                let response = crate::printer::response(
-                    header,
-                    echoed.as_deref().unwrap_or_default(),
-                    echoed.is_some(),
-                    *logprobs,
-                    result,
-                );
-                let text = serde_json::to_string(&response).map_err(std::io::Error::from)?;
-                out.ready.insert(*line, text);
-                out.write_ready()?;
+                let line = &meta[job];
+                out.answer(line.index, Form::answer(line, result)?)?;
                 progress.done();
             }
             Event::Started {
@@ -163,7 +242,7 @@ pub fn run(inv: &Invocation, config: &Config, file: Option<&Path>) -> Result<boo
         }
     }
     outcome?;
-    Ok(!out.failed)
+    out.finish()
 }
 
 /// Parses one line and layers it (config below, flags on top), then checks it.
@@ -173,7 +252,21 @@ fn parse(
     text: &str,
     header: &ResponseHeader,
 ) -> Result<Request> {
-    let line = RawRequest::from_json(text, "this line")?;
+    layered(
+        config,
+        RawRequest::from_json(text, "this line")?,
+        flags,
+        header,
+    )
+}
+
+/// A line's fields over the config's, the flags over both, checked.
+fn layered(
+    config: &RawRequest,
+    line: RawRequest,
+    flags: &RawRequest,
+    header: &ResponseHeader,
+) -> Result<Request> {
     let raw = config.clone().overlay(line).overlay(flags.clone());
     let mut request = Request::validate(&raw)?;
     // Lines are answered whole: streaming makes no sense interleaved.
@@ -200,34 +293,6 @@ fn header(created: u64, index: usize, line: &str) -> ResponseHeader {
         id: format!("cmpl-{:016x}{:016x}", hashes[0], hashes[1]),
         created,
         model: String::new(),
-    }
-}
-
-/// Writes lines in input order as soon as all before them are written.
-struct Output<W: Write> {
-    writer: W,
-    next: usize,
-    ready: BTreeMap<usize, String>,
-    failed: bool,
-}
-
-impl<W: Write> Output<W> {
-    /// Line `index` (number `number` in the file) failed: its answer is the error.
-    fn fail(&mut self, index: usize, number: usize, mut e: CmplError) {
-        e.message = format!("line {number}: {}", e.message);
-        eprintln!("cmpl: error: {e}");
-        self.failed = true;
-        self.ready.insert(index, e.to_error_data().to_string());
-    }
-
-    fn write_ready(&mut self) -> Result<()> {
-        while let Some(line) = self.ready.remove(&self.next) {
-            // One write per line: an interrupted run never leaves half a line.
-            self.writer.write_all(format!("{line}\n").as_bytes())?;
-            self.next += 1;
-        }
-        self.writer.flush()?;
-        Ok(())
     }
 }
 
