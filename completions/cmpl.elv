@@ -61,7 +61,7 @@ set edit:completion:arg-completer[cmpl] = {|@words|
             cand --keep-alive 'Keep the model loaded between calls: a run on a local model uses (or starts) a resident cmpl holding the same model file with the same settings, which leaves after DURATION without a request (30s, 5m, 1h; 0 off; a bare number is seconds); with --serve, the server leaves after DURATION idle [default: $CMPL_KEEP_ALIVE, the config''s keep_alive, else off; without a value: 5m]'
             cand --stop-resident 'End the residents holding MODEL (as -m names it), or all of them, once their requests in flight are answered [default: all]'
             cand --drain-timeout 'With --serve: on SIGINT/SIGTERM, seconds the requests in flight may take to finish before they are cancelled, 0..86400 [default: 300]'
-            cand --base-url 'Send requests to a server''s completions API at this root (http://127.0.0.1:8080/v1) instead of running a local model [default: $CMPL_BASE_URL]'
+            cand --base-url 'Send requests to a server''s completions API at this root (http://127.0.0.1:8080/v1) instead of running a local model; given again, several engines share the requests [default: $CMPL_BASE_URL]'
             cand --connect-timeout 'Seconds to wait for a connection to the server, 1..3600 [default: 10]'
             cand --read-timeout 'Seconds the server may stay silent once asked, 1..86400 [default: 600]'
             cand --color 'When to colour output'

@@ -316,6 +316,10 @@ impl Guarded {
 }
 
 impl Backend for Guarded {
+    fn status(&self) -> Option<String> {
+        self.inner.status()
+    }
+
     fn run(
         &self,
         requests: Vec<Request>,

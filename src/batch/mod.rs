@@ -197,7 +197,7 @@ pub fn run(inv: &Invocation, config: &Config, files: &BatchFiles) -> Result<bool
         token_logprobs: false,
         live: false,
     };
-    let progress = Progress::new(requests.len() as u64);
+    let progress = Progress::new(requests.len() as u64, Box::new(move || backend.status()));
     let mut drafts = Drafts::default();
     let (mut reused, mut prompt_tokens) = (0u64, 0u64);
     let outcome = backend.run(requests, &opts, &INTERRUPTED, &mut |event| {
@@ -296,15 +296,17 @@ fn header(created: u64, index: usize, line: &str) -> ResponseHeader {
     }
 }
 
-/// Requests done, tokens per second and ETA on stderr, when it is a terminal.
+/// Requests done, tokens per second and ETA on stderr, when it is a
+/// terminal, and how the backend is doing (each engine's state).
 struct Progress {
     bar: Option<indicatif::ProgressBar>,
+    status: Box<dyn Fn() -> Option<String>>,
     started: std::time::Instant,
     tokens: std::cell::Cell<u64>,
 }
 
 impl Progress {
-    fn new(requests: u64) -> Progress {
+    fn new(requests: u64, status: Box<dyn Fn() -> Option<String>>) -> Progress {
         let bar = std::io::stderr().is_terminal().then(|| {
             let bar = indicatif::ProgressBar::with_draw_target(
                 Some(requests),
@@ -320,6 +322,7 @@ impl Progress {
         });
         Progress {
             bar,
+            status,
             started: std::time::Instant::now(),
             tokens: std::cell::Cell::new(0),
         }
@@ -331,7 +334,8 @@ impl Progress {
             if self.tokens.get() % 16 == 0 {
                 let rate =
                     self.tokens.get() as f64 / self.started.elapsed().as_secs_f64().max(1e-3);
-                bar.set_message(format!("{rate:.0} tok/s"));
+                let status = (self.status)().map_or(String::new(), |s| format!(" {s}"));
+                bar.set_message(format!("{rate:.0} tok/s{status}"));
             }
         }
     }

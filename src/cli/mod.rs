@@ -346,9 +346,10 @@ pub struct Cli {
     pub drain_timeout: Option<u64>,
 
     /// Send requests to a server's completions API at this root
-    /// (http://127.0.0.1:8080/v1) instead of running a local model [default: $CMPL_BASE_URL].
-    #[arg(long, value_name = "URL", help_heading = "Remote engine")]
-    pub base_url: Option<String>,
+    /// (http://127.0.0.1:8080/v1) instead of running a local model; given
+    /// again, several engines share the requests [default: $CMPL_BASE_URL].
+    #[arg(long, value_name = "URL", action = ArgAction::Append, help_heading = "Remote engine")]
+    pub base_url: Vec<String>,
 
     /// Seconds to wait for a connection to the server, 1..3600 [default: 10].
     #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=3600), help_heading = "Remote engine")]

@@ -84,16 +84,20 @@ impl Cli {
         } else {
             Action::Complete
         };
-        let base_url = self
-            .base_url
-            .clone()
-            .or_else(|| {
-                std::env::var("CMPL_BASE_URL")
-                    .ok()
-                    .filter(|u| !u.is_empty())
-            })
-            .or(from_config.base_url);
-        if base_url.is_some() {
+        // The flags, else the environment's, else the config's.
+        let base_urls = [
+            self.base_url.clone(),
+            std::env::var("CMPL_BASE_URL")
+                .ok()
+                .filter(|u| !u.is_empty())
+                .into_iter()
+                .collect(),
+            from_config.base_url,
+        ]
+        .into_iter()
+        .find(|urls| !urls.is_empty())
+        .unwrap_or_default();
+        if !base_urls.is_empty() {
             // A flag that would do nothing is an error, not a no-op.
             let local_only = [
                 ("--threads", self.threads.is_some()),
@@ -116,8 +120,8 @@ impl Cli {
                 ));
             }
         }
-        let remote = base_url.map(|base_url| Endpoint {
-            base_url,
+        let remote = (!base_urls.is_empty()).then(|| Endpoint {
+            base_urls,
             connect_timeout: Duration::from_secs(
                 self.connect_timeout
                     .or(from_config.connect_timeout)
@@ -349,7 +353,14 @@ fn runtime_from_config(config: &Config) -> Result<Cli> {
             (_, "deterministic") => Err("true or false"),
             (Value::Number(n), _) => Ok(n.to_string()),
             (Value::String(s), "base_url") => Ok(s.clone()),
-            (_, "base_url") => Err("a URL string"),
+            (Value::Array(urls), "base_url") if urls.iter().all(Value::is_string) => {
+                // A list: one engine each.
+                for url in urls.iter().filter_map(Value::as_str) {
+                    args.push(format!("--base-url={url}"));
+                }
+                continue;
+            }
+            (_, "base_url") => Err("a URL string, or a list of them"),
             (Value::String(s), "keep_alive") => Ok(s.clone()),
             (_, "keep_alive") => Err("a duration like \"5m\", or seconds"),
             _ => Err("a whole number"),

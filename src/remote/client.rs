@@ -31,8 +31,8 @@ pub struct Client {
 impl Client {
     /// Asks the server which models it serves (`GET /models`), which tells
     /// its dialect and, when `model` is `None`, the model to use.
-    pub fn connect(endpoint: &Endpoint, model: Option<String>) -> Result<Client> {
-        let base = endpoint.base_url.trim_end_matches('/').to_string();
+    pub fn connect(endpoint: &Endpoint, url: &str, model: Option<String>) -> Result<Client> {
+        let base = url.trim_end_matches('/').to_string();
         let origin = Origin::parse(&base).map_err(|e| {
             CmplError::invalid(
                 "base_url",
@@ -91,6 +91,19 @@ impl Client {
             },
         };
         Ok(remote)
+    }
+
+    /// Whether the server answers its model list again (an engine set
+    /// aside is probed so).
+    pub fn probe(&self) -> bool {
+        let url = format!("{}/models", self.base);
+        self.get(&url)
+            .is_ok_and(|r| matches!(r.status().as_u16(), 200 | 404 | 405))
+    }
+
+    /// Its API root, as the log names it.
+    pub fn base(&self) -> &str {
+        &self.base
     }
 
     fn get(&self, url: &str) -> Result<ureq::http::Response<ureq::Body>> {
@@ -188,6 +201,11 @@ impl Client {
                     format!("{url} answered {status} ({message}): {how}"),
                 )
             }
+            // Still busy after its retries: the server's state, not the request's.
+            429 => CmplError::new(
+                ErrorKind::Unavailable,
+                format!("{url} answered 429: {message}"),
+            ),
             400..=499 => CmplError::new(
                 ErrorKind::InvalidRequest,
                 format!("the server refused the request ({status}): {message}"),

@@ -6,13 +6,15 @@
 mod answer;
 mod client;
 mod dialect;
+mod engines;
 mod sse;
 
-use crate::backend::{Backend, Event, OwnedEvent, RunOptions, Sink};
-use crate::error::{CmplError, Result};
+use crate::backend::{Backend, Event, RunOptions, Sink};
+use crate::error::{CmplError, ErrorKind, Result};
 use crate::fields;
 use crate::request::Request;
 use client::Client;
+use engines::Engine;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -31,30 +33,51 @@ const BODY_LIMIT: u64 = 64 << 20;
 /// Where the server is and how long to wait for it (resolved by the face).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Endpoint {
-    /// The API root as the SDKs take it: `http://127.0.0.1:8080/v1`.
-    pub base_url: String,
+    /// The API roots as the SDKs take them: `http://127.0.0.1:8080/v1`;
+    /// several engines share a run's requests.
+    pub base_urls: Vec<String>,
     pub connect_timeout: Duration,
     /// Longest silence from the server once a request is sent.
     pub read_timeout: Duration,
 }
 
-/// The backend: a client shared with the threads that carry its requests.
+/// The backend: its engines, shared with the threads that carry its
+/// requests (several engines: `engines`).
 pub struct Remote {
-    client: Arc<Client>,
+    engines: Vec<Arc<Engine>>,
+    /// The name responses carry in `model`: the first engine's.
+    model: String,
 }
 
 impl Remote {
-    /// Asks the server which models it serves (`GET /models`), which tells
-    /// its dialect and, when `model` is `None`, the model to use.
+    /// Asks each server which models it serves (`GET /models`), which tells
+    /// its dialect and, when `model` is `None`, the model to use. Engines
+    /// that do not answer are left out (said on stderr); none answering is
+    /// the first one's error.
     pub fn connect(endpoint: &Endpoint, model: Option<String>) -> Result<Remote> {
-        Client::connect(endpoint, model).map(|client| Remote {
-            client: Arc::new(client),
-        })
+        let mut engines = Vec::new();
+        let mut first_error = None;
+        for url in &endpoint.base_urls {
+            match Client::connect(endpoint, url, model.clone()) {
+                Ok(client) => engines.push(Arc::new(Engine::new(client))),
+                Err(e) if endpoint.base_urls.len() > 1 && e.kind == ErrorKind::Unavailable => {
+                    eprintln!("cmpl: warning: engine {url} left out: {}", e.message);
+                    first_error.get_or_insert(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let Some(first) = engines.first() else {
+            return Err(first_error
+                .unwrap_or_else(|| CmplError::invalid("base_url", "no --base-url given")));
+        };
+        let model = first.client.model.clone();
+        Ok(Remote { engines, model })
     }
 
     /// The name responses carry in `model`.
     pub fn model(&self) -> &str {
-        &self.client.model
+        &self.model
     }
 }
 
@@ -66,22 +89,19 @@ impl Backend for Remote {
         interrupted: &AtomicBool,
         sink: &mut Sink,
     ) -> Result<()> {
-        let live = opts.live || self.client.dialect.streams_always();
         let mut queue = VecDeque::new();
         for (job, request) in requests.into_iter().enumerate() {
-            let request = match render_chat(request) {
-                Ok(request) => request,
-                Err(error) => {
-                    sink(Event::Rejected { job, error })?;
-                    continue;
-                }
-            };
-            match self
-                .client
-                .dialect
-                .body(&request, &self.client.model, opts, live)
-            {
-                Ok(body) => queue.push_back((job, request, body)),
+            // A request every engine would refuse is refused before any is
+            // asked (the first engine's words).
+            let checked = render_chat(request).and_then(|request| {
+                let first = &self.engines[0].client;
+                first
+                    .dialect
+                    .body(&request, &first.model, opts, opts.live)
+                    .map(|_| request)
+            });
+            match checked {
+                Ok(request) => queue.push_back(engines::Job::new(job, request)),
                 Err(error) => sink(Event::Rejected { job, error })?,
             }
         }
@@ -89,27 +109,31 @@ impl Backend for Remote {
         if remaining == 0 {
             return Ok(());
         }
-        let workers = opts.parallel.unwrap_or(DEFAULT_IN_FLIGHT).max(1) as usize;
-        let queue = Arc::new(Mutex::new(queue));
-        let stop = Arc::new(AtomicBool::new(false));
+        let per_engine = opts.parallel.unwrap_or(DEFAULT_IN_FLIGHT).max(1) as usize;
+        let shared = Arc::new(engines::Shared {
+            engines: self.engines.clone(),
+            queue: Mutex::new(queue),
+            stop: AtomicBool::new(false),
+            all_aside: Mutex::new(None),
+        });
         let (tx, rx) = mpsc::channel();
-        for _ in 0..workers.min(remaining) {
-            let (queue, stop, tx) = (queue.clone(), stop.clone(), tx.clone());
-            let client = self.client.clone();
-            // Detached: an interrupted run returns at once, and the process
-            // exits without waiting for a server's answer.
-            std::thread::spawn(move || loop {
-                let next = queue.lock().ok().and_then(|mut q| q.pop_front());
-                let Some((job, request, body)) = next else {
-                    break;
-                };
-                if stop.load(Ordering::Relaxed) {
-                    break;
-                }
-                if let Err(error) = client.complete(job, &request, &body, live, &tx) {
-                    let _ = tx.send((job, OwnedEvent::Rejected { error }));
-                }
-            });
+        for engine in &self.engines {
+            for _ in 0..per_engine.min(remaining) {
+                let (shared, engine, tx) = (shared.clone(), engine.clone(), tx.clone());
+                let opts = opts.clone();
+                // Detached: an interrupted run returns at once, and the
+                // process exits without waiting for a server's answer.
+                std::thread::spawn(move || {
+                    let client = &engine.client;
+                    let live = opts.live || client.dialect.streams_always();
+                    shared.work(&engine, opts.live, &tx, |job, tx| {
+                        let body = client
+                            .dialect
+                            .body(&job.request, &client.model, &opts, live)?;
+                        client.complete(job.job, &job.request, &body, live, tx)
+                    });
+                });
+            }
         }
         drop(tx);
         let outcome = (|| {
@@ -132,10 +156,15 @@ impl Backend for Remote {
             }
             Ok(())
         })();
-        if outcome.is_err() {
-            stop.store(true, Ordering::Relaxed);
-        }
+        shared.stop.store(true, Ordering::Relaxed);
         outcome
+    }
+
+    fn status(&self) -> Option<String> {
+        (self.engines.len() > 1).then(|| {
+            let states: Vec<String> = self.engines.iter().map(|e| e.state()).collect();
+            format!("engines: {}", states.join(", "))
+        })
     }
 }
 

@@ -78,6 +78,12 @@ impl LlamaServer {
         server
     }
 
+    /// Kills it (SIGKILL), as a machine that goes away.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// The API root, as --base-url takes it.
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}/v1", self.port)

@@ -20,6 +20,12 @@ pub trait Backend {
         interrupted: &AtomicBool,
         sink: &mut Sink,
     ) -> Result<()>;
+
+    /// A line on how it is doing, for a progress bar (several remote
+    /// engines: each one's state); `None` for nothing to say.
+    fn status(&self) -> Option<String> {
+        None
+    }
 }
 
 pub type Sink<'s> = dyn FnMut(Event) -> Result<()> + 's;
