@@ -101,6 +101,19 @@ impl Client {
             .is_ok_and(|r| matches!(r.status().as_u16(), 200 | 404 | 405))
     }
 
+    /// A client of `base` that has not asked it anything (for tests of
+    /// what is decided without a server).
+    #[cfg(test)]
+    pub fn unconnected(base: &str) -> Client {
+        Client {
+            base: base.to_string(),
+            agent: ureq::Agent::new_with_defaults(),
+            key: None,
+            dialect: Dialect::Contract,
+            model: "m".to_string(),
+        }
+    }
+
     /// Its API root, as the log names it.
     pub fn base(&self) -> &str {
         &self.base

@@ -290,3 +290,54 @@ impl Shared {
         error.kind == ErrorKind::Unavailable && !live && job.failed + 1 < self.engines.len()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::RawRequest;
+    use std::sync::Arc;
+
+    fn job(i: usize, prompt: &str) -> Job {
+        let raw = RawRequest::from_value(serde_json::json!({"prompt": prompt}), "t").unwrap();
+        Job::new(i, Request::validate(&raw).unwrap())
+    }
+
+    #[test]
+    fn a_prompt_goes_to_the_engine_that_answered_its_head() {
+        let (a, b) = (
+            Arc::new(Engine::new(Client::unconnected("http://a:1/v1"))),
+            Arc::new(Engine::new(Client::unconnected("http://b:2/v1"))),
+        );
+        let shared = Shared {
+            engines: vec![a.clone(), b.clone()],
+            queue: Mutex::new(VecDeque::new()),
+            stop: AtomicBool::new(false),
+            all_aside: Mutex::new(None),
+        };
+        let few_shot = "x".repeat(HEAD_BYTES);
+        let first = job(0, &format!("{few_shot} one"));
+        a.answered_one(first.head);
+        shared.queue.lock().unwrap().extend([
+            job(1, "short"),
+            job(2, &format!("{few_shot} two")),
+            job(3, "other"),
+        ]);
+        // b leaves a's prefix to a; a takes it first.
+        assert_eq!(shared.take(&b).unwrap().job, 1);
+        assert_eq!(shared.take(&a).unwrap().job, 2);
+        assert_eq!(shared.take(&b).unwrap().job, 3);
+        assert!(shared.take(&a).is_none());
+        // A short prompt has no head: nothing to prefer.
+        assert!(job(9, "short").head.is_none());
+        // An engine set aside says so, and its prefixes go to the others.
+        a.set_aside(&CmplError::new(ErrorKind::Unavailable, "gone"));
+        assert_eq!(a.state(), "a:1 set aside");
+        assert_eq!(b.state(), "b:2 0");
+        shared
+            .queue
+            .lock()
+            .unwrap()
+            .push_back(job(4, &format!("{few_shot} four")));
+        assert_eq!(shared.take(&b).unwrap().job, 4);
+    }
+}
