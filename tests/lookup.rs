@@ -4,7 +4,7 @@
 //! tests), and drafts are really taken on a prompt the answer copies from.
 
 mod common;
-use common::run::{cmpl, wait_until};
+use common::run::cmpl;
 use common::schema::{assert_valid, follows_single_run};
 use common::served::Served;
 use serde_json::{json, Value};
@@ -261,85 +261,33 @@ fn kept_curve(cache: &std::path::Path) -> (std::path::PathBuf, Value) {
 }
 
 #[test]
-fn one_shots_correct_a_kept_curve_their_own_calls_depart_from() {
+fn only_deterministic_mode_times_call_costs_and_keeps_them() {
     let cache = tempfile::tempdir().unwrap();
     let body = request(COPY, json!({}));
-    let verbose = || {
-        let out = cmpl(&["--json", "--verbose"])
+    let verbose = |extra: &[&str]| {
+        let out = cmpl(&[&["--json", "--verbose"], extra].concat())
             .env("XDG_CACHE_HOME", cache.path())
             .stdin(&body)
             .run();
         out.ok();
         out.stderr
     };
-    assert!(verbose().contains("call costs (× a one-token call), calibrated in"));
-    // A curve timed at a busy moment: every call of several tokens thought
-    // a third of what it costs (drafts look nearly free).
-    let (file, mut curve) = kept_curve(cache.path());
-    for secs in curve["secs"].as_array_mut().unwrap().iter_mut().skip(2) {
-        *secs = json!(secs.as_f64().unwrap() / 3.0);
-    }
-    // Timed long ago (a curve is timed again at most once an hour).
-    curve["timed"] = json!(0);
-    std::fs::write(&file, curve.to_string()).unwrap();
-    let sixteen = |v: &Value| v["secs"][16].as_f64().unwrap() / v["secs"][1].as_f64().unwrap();
-    let tilted = sixteen(&curve);
-    // Each run's own calls join the pool; once it holds enough of a size
-    // and departs, the next run calibrates again.
-    let mut runs = 0;
-    loop {
-        let err = verbose();
-        runs += 1;
-        if err.contains("calibrated again in") {
-            break;
-        }
-        assert!(err.contains("as kept: "), "{err}");
-        assert!(err.contains("pooled with the runs before: "), "{err}");
-        // Each run adds a fraction of a call per size (the lesser of its calls
-        // of that size and of one token): on an AMD EPYC 16 runs left the pool
-        // just short of the 20 it needs.
-        assert!(runs < 40, "the pool never departed: {err}");
-    }
-    let (_, after) = kept_curve(cache.path());
-    // Timed again: no longer the tilted curve (which way a fresh timing
-    // reads on a busy machine is its own).
+    // The default mode sizes drafts by the text alone: nothing timed, nothing kept.
+    let plain = verbose(&[]);
+    assert!(!plain.contains("call costs"), "{plain}");
+    assert!(kept_curves(cache.path()).is_empty());
+    // Deterministic mode, whose bytes no draft changes, times a curve once
+    // and plans by it from then on.
+    let first = verbose(&["--deterministic"]);
     assert!(
-        (sixteen(&after) / tilted - 1.0).abs() > 0.1,
-        "{tilted} -> {}",
-        sixteen(&after)
+        first.contains("call costs (× a one-token call), calibrated in"),
+        "{first}"
     );
+    let (_, curve) = kept_curve(cache.path());
+    assert!(curve["secs"][16].as_f64().unwrap() > 0.0, "{curve}");
+    let again = verbose(&["--deterministic"]);
     assert!(
-        after["pool_calls"][16].as_f64().unwrap() > 0.0,
-        "the pool goes on"
-    );
-    // The runs after plan by it.
-    assert!(verbose().contains("as kept: "));
-}
-
-#[test]
-fn a_server_pools_the_costs_it_measures_while_it_runs() {
-    let cache = tempfile::tempdir().unwrap();
-    let cache_dir = cache.path().to_str().unwrap();
-    let server = Served::start(&[], &[("XDG_CACHE_HOME", cache_dir)]);
-    // Nothing is kept until it first goes idle.
-    let pooled = || {
-        kept_curves(cache.path()).first().map_or(0.0, |file| {
-            let v: Value = serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
-            v["pool_calls"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|c| c.as_f64().unwrap())
-                .sum::<f64>()
-        })
-    };
-    let (status, body) = server.post(&request(COPY, json!({})));
-    assert_eq!(status, 200, "{body}");
-    // Once idle, it adds what the request measured to the pool: not only
-    // when it stops (a server can run for days).
-    wait_until(
-        "pooling while running",
-        std::time::Duration::from_secs(10),
-        || pooled() > 0.0,
+        again.contains("call costs (× a one-token call), as kept: "),
+        "{again}"
     );
 }

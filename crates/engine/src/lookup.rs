@@ -76,8 +76,8 @@ const NONE: u32 = u32::MAX;
 /// offers count most).
 const KEEP_EVIDENCE: f64 = 0.9;
 /// The least expected gain (tokens per unit of decode time, against 1
-/// without a draft) worth a draft: the costs are measured, and noisy, and a
-/// draft that barely pays by them may not pay.
+/// without a draft) worth a draft: a timed curve is noisy, and a draft
+/// that barely pays by it may not pay.
 const MIN_GAIN: f64 = 1.1;
 
 /// One choice's drafter.
@@ -441,8 +441,8 @@ impl Offer<'_> {
 /// (slots drafting alike go through llama.cpp in one pass): the
 /// length expected to give the most tokens per unit of decode time, at most
 /// `room` tokens in all; 0 when none gains enough over a step without.
-/// `call_cost(n)`: the time of a call of n tokens against a call of one,
-/// as measured where cmpl runs (`engine/costs.rs`).
+/// `call_cost(n)`: a call of n tokens against a call of one, as the mode
+/// charges it (`engine/costs.rs`: untimed, or timed in deterministic mode).
 pub fn plan(offers: &[Offer], room: usize, call_cost: impl Fn(usize) -> f64) -> usize {
     let seqs = offers.len();
     let Some(longest) = offers.iter().map(|o| o.tokens.len()).max() else {

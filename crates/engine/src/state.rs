@@ -60,8 +60,9 @@ impl State {
             .record(tokens, secs);
     }
 
-    /// The relative cost of a call of `tokens` tokens (see `costs`).
-    pub fn call_cost(&self, tokens: usize) -> f64 {
+    /// The relative cost of a call of `tokens` tokens as timed here (see
+    /// `costs`): deterministic mode's, where timings change no byte.
+    pub fn timed_cost(&self, tokens: usize) -> f64 {
         match self
             .costs
             .lock()

@@ -87,7 +87,7 @@ impl Engine {
         } else {
             (parallel, cells)
         };
-        if self.lookup > 0 {
+        if self.lookup > 0 && shape.exact {
             self.ensure_costs();
         }
         let params = LlamaContextParams::default()

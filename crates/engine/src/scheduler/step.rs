@@ -168,7 +168,11 @@ impl Run<'_> {
         // deterministic mode, with ballast), and there each stream's pass
         // stays under 64 tokens, where llama.cpp's attention would switch to
         // tiles that span several streams' rows.
-        let cost = |n| engine.state.call_cost(n);
+        // A clock may size drafts only where no draft changes a byte.
+        let cost = |n| match self.exact {
+            true => engine.state.timed_cost(n),
+            false => crate::costs::untimed(n),
+        };
         let k = match (together, self.exact) {
             (false, _) => 0,
             (true, true) => {

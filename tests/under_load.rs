@@ -1,0 +1,93 @@
+//! The same request gives the same bytes however busy the machine is: no
+//! clock sizes a draft in the default mode, so a greedy or seeded answer
+//! (one-shot, batch line, server) under every core's load is the idle one's.
+
+mod common;
+use common::run::cmpl;
+use common::served::Served;
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+const COPY: &str = "Here is some code.\n\n```\ndef average(values):\n    if not values:\n        return None\n    total = 0.0\n    for value in values:\n        total += value\n    return total / len(values)\n```\n\nTask: Add a docstring to the function. Change nothing else.\n\nHere is the full code with the change:\n\n```\n";
+
+fn requests() -> Vec<String> {
+    let text = "The river runs past the old mill, under the stone bridge, and into the town. ";
+    [
+        ("The capital of France is", 0.0, 32),
+        (COPY, 0.0, 64),
+        (COPY, 0.8, 48),
+        (
+            &format!("{}\nCopy the text above:\n", text.repeat(4)),
+            0.0,
+            48,
+        ),
+        ("A short note about rain:", 0.8, 24),
+    ]
+    .iter()
+    .map(|(p, t, n)| {
+        json!({"prompt": p, "temperature": t, "seed": 7, "max_tokens": n, "logprobs": 1})
+            .to_string()
+    })
+    .collect()
+}
+
+fn answer(text: &str) -> Value {
+    let v: Value = serde_json::from_str(text).unwrap_or_else(|_| panic!("not JSON: {text}"));
+    json!({"choices": v["choices"], "usage": v["usage"]})
+}
+
+/// Each request as a one-shot, as one batch, and one after another to a
+/// server; each one-shot in a cache folder of its own (nothing kept from a
+/// run before, timed or not).
+fn every_face(lines: &[String]) -> Vec<Value> {
+    let mut out = Vec::new();
+    for l in lines {
+        let cache = tempfile::tempdir().unwrap();
+        let run = cmpl(&["--json"])
+            .env("XDG_CACHE_HOME", cache.path())
+            .stdin(l)
+            .run();
+        out.push(answer(run.ok()));
+    }
+    let batch = cmpl(&["--batch"]).stdin(lines.join("\n")).run();
+    out.extend(batch.ok().lines().map(answer));
+    let server = Served::start(&[], &[]);
+    for l in lines {
+        let (status, body) = server.post(l);
+        assert_eq!(status, 200, "{body}");
+        out.push(answer(&body));
+    }
+    out
+}
+
+#[test]
+fn greedy_and_seeded_answers_are_the_same_bytes_while_every_core_is_busy() {
+    let lines = requests();
+    let idle = every_face(&lines);
+    // Drafts were taken: the comparison covers verified drafts.
+    let verbose = cmpl(&["--json", "--verbose"]).stdin(&lines[1]).run();
+    assert!(
+        verbose.stderr.contains(" accepted") && !verbose.stderr.contains(" 0 accepted"),
+        "{}",
+        verbose.stderr
+    );
+    let stop = AtomicBool::new(false);
+    let busy = std::thread::scope(|s| {
+        // Two busy threads per core, for as long as the runs take.
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        for _ in 0..2 * cores {
+            s.spawn(|| {
+                let mut x = 1u64;
+                while !stop.load(Ordering::Relaxed) {
+                    x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+                }
+            });
+        }
+        let busy = every_face(&lines);
+        stop.store(true, Ordering::Relaxed);
+        busy
+    });
+    for (i, (b, a)) in busy.iter().zip(&idle).enumerate() {
+        assert_eq!(b, a, "answer {i} (of {}) differs under load", idle.len());
+    }
+}
