@@ -1,7 +1,9 @@
 //! What a decode call costs where cmpl runs: the time of a call of n tokens
 //! (each position's logits kept, as a draft's verification keeps them)
-//! against a call of one, for this model, threads and backend. Prompt
-//! lookup sizes its drafts by it, so it must be this machine's: the same
+//! against a call of one, for this model, threads and backend. In
+//! deterministic mode, where no draft changes a byte, prompt lookup sizes
+//! its drafts by it (the default mode charges [`untimed`] costs, so that no
+//! clock reaches an answer), so it must be this machine's: the same
 //! 16-token call costs 4.4 one-token calls on one 2-core Xeon, 5.7 on an
 //! EPYC, 8.6 with a smaller model, and nothing like either on a GPU.
 //!
@@ -18,6 +20,8 @@
 //! noise does not move it.
 
 use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 /// What the default mode charges a call of `tokens` tokens, in one-token
 /// calls: two for a call of two, half a call for each token past them. No
@@ -36,8 +40,6 @@ pub fn untimed(tokens: usize) -> f64 {
         n => 2.0 + (n - 2) as f64 / 2.0,
     }
 }
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
 /// Call sizes estimated one by one; past it, extrapolated.
 pub const SIZES: usize = 64;

@@ -12,8 +12,8 @@ pub struct State {
     /// Structured output's tokenizer trie, built at the first request
     /// that has a constraint, then shared by every other.
     pub(crate) guides: OnceLock<std::result::Result<guide::Guides, CmplError>>,
-    /// What decode calls cost here, as prompt lookup plans by it: loaded or
-    /// calibrated at the first run that may draft, then left as it is for
+    /// What decode calls cost here, as deterministic mode's prompt lookup
+    /// plans by it: loaded or calibrated at the first such run that may draft, then left as it is for
     /// this process (so a run drafts the same every time).
     pub(crate) costs: Mutex<Option<costs::Costs>>,
     /// What this process's decode steps measured, for the next runs.
