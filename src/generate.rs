@@ -148,7 +148,7 @@ const SECTIONS: &[(&str, &[&str])] = &[
         "FILES",
         &[
             "~/.config/cmpl/config.json: defaults, one JSON object. Keys: any request field under its own name \
-             (max_tokens, temperature, stop, ...) and model, threads, n_gpu_layers, ctx_size, parallel, \
+             (max_tokens, temperature, stop, ...) and model, threads, n_gpu_layers, rpc, ctx_size, parallel, \
              lookup, deterministic, base_url, connect_timeout, read_timeout, keep_alive (each taking what its flag takes). A bad key or value is an error naming the file and the key (exit 2).",
             "~/.cache/cmpl/models/ (~/Library/Caches/cmpl/models/ on macOS; cmpl --models-dir prints it): models \
              found by name (-m NAME finds NAME or NAME.gguf here), listed by --list-models; the default model is \

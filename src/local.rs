@@ -26,6 +26,7 @@ pub fn load(model: ModelRef, runtime: &RunSettings) -> Result<&'static Engine> {
     let opts = LoadOptions {
         threads: runtime.threads,
         n_gpu_layers: runtime.n_gpu_layers,
+        rpc: runtime.rpc.clone(),
         repack: runtime.repack,
         verbose: runtime.verbose,
         lookup: runtime.lookup.unwrap_or(crate::engine::DEFAULT_LOOKUP),

@@ -42,6 +42,8 @@ pub struct InputSource {
 pub struct RunSettings {
     pub threads: Option<u32>,
     pub n_gpu_layers: Option<u32>,
+    /// `--rpc`: llama.cpp `rpc-server`s to spread the layers over.
+    pub rpc: Vec<String>,
     pub ctx_size: Option<u32>,
     pub parallel: Option<u32>,
     pub repack: bool,

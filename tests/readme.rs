@@ -95,6 +95,8 @@ struct Servers {
     hub: Option<StandInHub>,
     served: Option<Served>,
     env: Vec<(String, String)>,
+    /// Folders the block's commands are found in, before PATH.
+    path: Vec<String>,
 }
 
 const VLLM_MODEL: &str = "meta-llama/Llama-3.2-1B";
@@ -180,6 +182,23 @@ impl Servers {
                     .join("\n");
             }
         }
+        if text.contains("ggml-rpc-server") {
+            // llama.cpp's RPC server (bench/compare --server builds it), on a
+            // port free here.
+            let bin = std::env::var("CMPL_RPC_SERVER").expect(
+                "CMPL_RPC_SERVER (scripts/test sets it): the RPC example runs ggml-rpc-server",
+            );
+            let dir = Path::new(&bin).parent().unwrap().display().to_string();
+            s.path.push(dir);
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            text = text
+                .replace("-p 50052", &format!("-p {port}"))
+                .replace("127.0.0.1:50052", &format!("127.0.0.1:{port}"));
+        }
         if text.contains("guard.gguf") {
             // The guard model the example names: the tests' stand-in
             // (tests/safety.rs), as no real guard can be fetched here.
@@ -222,11 +241,12 @@ fn run(block: &Block, scratch: &Path, bin: &Path) -> Result<(), String> {
     )
     .unwrap();
     cmd.env("XDG_RUNTIME_DIR", &runtime);
-    let path = format!(
-        "{}:{}",
-        bin.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    let path = [bin.display().to_string()]
+        .into_iter()
+        .chain(servers.path.iter().cloned())
+        .chain([std::env::var("PATH").unwrap_or_default()])
+        .collect::<Vec<_>>()
+        .join(":");
     cmd.current_dir(scratch).env("PATH", path);
     for (k, v) in &servers.env {
         cmd.env(k, v);

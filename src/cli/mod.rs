@@ -273,6 +273,13 @@ pub struct Cli {
     #[arg(long, value_name = "N", help_heading = "Runtime")]
     pub n_gpu_layers: Option<u32>,
 
+    /// Spread the model's layers over llama.cpp `ggml-rpc-server`s at HOST:PORT
+    /// (comma-separated, or the flag again), as llama.cpp's --rpc. The
+    /// protocol has no authentication: a host other than loopback is used
+    /// with a warning (docs/remote.md).
+    #[arg(long, value_name = "HOST:PORT", value_delimiter = ',', action = ArgAction::Append, value_parser = values::rpc_endpoint, help_heading = "Runtime")]
+    pub rpc: Vec<String>,
+
     /// Prompt lookup: draft up to N tokens per step from the prompt and the
     /// text so far (where the answer copies them: code edits, quotes,
     /// extraction), or the text a constraint forces next, verified in the

@@ -21,6 +21,7 @@ use std::time::Duration;
 pub const CONFIG_RUNTIME_KEYS: &[&str] = &[
     "threads",
     "n_gpu_layers",
+    "rpc",
     "ctx_size",
     "parallel",
     "lookup",
@@ -103,6 +104,7 @@ impl Cli {
                 ("--threads", self.threads.is_some()),
                 ("--ctx-size", self.ctx_size.is_some()),
                 ("--n-gpu-layers", self.n_gpu_layers.is_some()),
+                ("--rpc", !self.rpc.is_empty()),
                 ("--no-repack", self.no_repack),
                 ("--lookup", self.lookup.is_some()),
                 ("--no-prefix-cache", self.no_prefix_cache),
@@ -141,6 +143,20 @@ impl Cli {
         }
         // A JSON request or a batch is answered in JSON, errors included.
         let json = self.json || self.request.is_some() || matches!(action, Action::Batch(_));
+        let rpc = if self.rpc.is_empty() {
+            from_config.rpc
+        } else {
+            self.rpc.clone()
+        };
+        let deterministic = self.deterministic || from_config.deterministic;
+        if deterministic && !rpc.is_empty() {
+            // The servers' kernels are theirs to choose (a GPU's, or tiled
+            // CPU ones that round by batch shape): no promise to keep.
+            return Err(CmplError::invalid(
+                "rpc",
+                "--deterministic promises the bytes of a request alone, which layers on --rpc servers (their own kernels) cannot keep; drop one of them",
+            ));
+        }
         Ok(Invocation {
             flags: self.request_fields(constraint)?,
             input: InputSource {
@@ -151,12 +167,13 @@ impl Cli {
             runtime: RunSettings {
                 threads: self.threads.or(from_config.threads),
                 n_gpu_layers: self.n_gpu_layers.or(from_config.n_gpu_layers),
+                rpc,
                 ctx_size: self.ctx_size.or(from_config.ctx_size),
                 parallel: self.parallel.or(from_config.parallel),
                 repack: !self.no_repack,
                 lookup: self.lookup.or(from_config.lookup),
                 prefix_cache: !self.no_prefix_cache,
-                deterministic: self.deterministic || from_config.deterministic,
+                deterministic,
                 verbose: self.verbose,
                 remote,
                 keep_alive,
@@ -361,6 +378,14 @@ fn runtime_from_config(config: &Config) -> Result<Cli> {
                 continue;
             }
             (_, "base_url") => Err("a URL string, or a list of them"),
+            (Value::String(s), "rpc") => Ok(s.clone()),
+            (Value::Array(servers), "rpc") if servers.iter().all(Value::is_string) => {
+                for server in servers.iter().filter_map(Value::as_str) {
+                    args.push(format!("--rpc={server}"));
+                }
+                continue;
+            }
+            (_, "rpc") => Err("\"HOST:PORT\", or a list of them"),
             (Value::String(s), "keep_alive") => Ok(s.clone()),
             (_, "keep_alive") => Err("a duration like \"5m\", or seconds"),
             _ => Err("a whole number"),

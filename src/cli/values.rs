@@ -29,6 +29,12 @@ pub fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
     }
 }
 
+/// An `--rpc` server, as llama.cpp's RPC client reads it.
+pub fn rpc_endpoint(text: &str) -> std::result::Result<String, String> {
+    crate::engine::rpc::parse_endpoint(text.trim())?;
+    Ok(text.trim().to_string())
+}
+
 /// `--serve`'s address: `host:port`, `:port`, a bare port (on 127.0.0.1),
 /// or `unix:PATH`.
 pub fn serve_addr(text: &str) -> Result<Listen> {

@@ -292,6 +292,9 @@ fn load_flags(r: &RunSettings) -> Vec<String> {
     if let Some(n) = r.lookup {
         flags.push(format!("--lookup={n}"));
     }
+    if !r.rpc.is_empty() {
+        flags.push(format!("--rpc={}", r.rpc.join(",")));
+    }
     for (on, flag) in [
         (!r.repack, "--no-repack"),
         (!r.prefix_cache, "--no-prefix-cache"),

@@ -92,11 +92,12 @@ pub fn socket_path(dir: &Path, model: &ModelRef, runtime: &RunSettings) -> Resul
     let exe = std::env::current_exe().map_err(|e| format!("this program's path: {e}"))?;
     let r = runtime;
     let key = format!(
-        "{}\n{}\nthreads {:?} ngl {:?} ctx {:?} parallel {:?} repack {} lookup {:?} prefix {} deterministic {}",
+        "{}\n{}\nthreads {:?} ngl {:?} rpc {:?} ctx {:?} parallel {:?} repack {} lookup {:?} prefix {} deterministic {}",
         file(&exe)?,
         file(&model.path)?,
         r.threads,
         r.n_gpu_layers,
+        r.rpc,
         r.ctx_size,
         r.parallel,
         r.repack,

@@ -182,6 +182,9 @@ fn settings(r: &crate::options::RunSettings, opts: &ServeOptions) -> String {
         shown(r.n_gpu_layers),
         shown(r.lookup)
     );
+    if !r.rpc.is_empty() {
+        settings.push_str(&format!(", rpc {}", r.rpc.join(",")));
+    }
     for (on, name) in [
         (!r.repack, "no-repack"),
         (!r.prefix_cache, "no-prefix-cache"),

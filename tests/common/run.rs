@@ -95,9 +95,8 @@ pub fn isolate(cmd: &mut Command) {
 
 /// A cache folder of this test binary's own, emptied as it starts, with the
 /// models folder linked in: its runs time their decode-call costs afresh
-/// and keep them there, so a curve kept from another day is never timed
-/// again between two runs a test compares (a re-timed curve changes the
-/// drafts, and with them the rounding), and no test moves the user's curve
+/// and keep them there, so no test plans by a curve timed on another day
+/// and no test adds to the user's cache
 /// (on Linux: macOS keeps caches in ~/Library/Caches whatever XDG says).
 fn test_cache() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();

@@ -67,9 +67,8 @@ impl Engine {
         let mut index = 0;
         let mut feed = |wait: bool, sink: &mut Sink| loop {
             if wait {
-                // Idle: what the requests measured joins the runs' pool now
-                // (the curve this server plans by stays as it started).
-                self.state.save_costs(false);
+                // Idle: a curve calibrated for these requests is kept now.
+                self.state.save_costs();
             }
             let (request, token_logprobs, alone) = match next(wait) {
                 Arrival::Request {
@@ -104,7 +103,7 @@ impl Engine {
             }
         };
         let done = self.decode_all(Vec::new(), &mut feed, shape, interrupted, sink);
-        self.state.save_costs(self.verbose);
+        self.state.save_costs();
         done
     }
 }

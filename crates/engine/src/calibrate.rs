@@ -11,8 +11,8 @@ const CALIBRATION_PREFIX: usize = 128;
 
 impl Engine {
     /// Lookup's call costs, loaded from the cache folder or calibrated
-    /// here where there are none yet (once per machine and model), or
-    /// again where the runs' own costs departed from them.
+    /// here where there are none yet (once per machine, model and
+    /// settings), then kept as they are.
     pub(crate) fn ensure_costs(&self) {
         let mut costs = self.state.costs.lock().unwrap_or_else(|e| e.into_inner());
         if costs.is_some() {
@@ -20,24 +20,15 @@ impl Engine {
         }
         let kept = costs::Costs::load(&self.state.costs_key).filter(costs::Costs::known);
         let (found, how) = match kept {
-            Some(c) if !c.due() => (c, "as kept".to_string()),
-            kept => {
+            Some(c) => (c, "as kept".to_string()),
+            None => {
                 let started = std::time::Instant::now();
-                let fresh = self.calibrate();
-                let ms = started.elapsed().as_millis();
-                match kept {
-                    Some(c) => (
-                        c.renewed(fresh),
-                        format!(
-                            "calibrated again in {ms} ms (the runs' own departed from the kept)"
-                        ),
-                    ),
-                    None => {
-                        let mut c = fresh;
-                        c.changed = true;
-                        (c, format!("calibrated in {ms} ms"))
-                    }
-                }
+                let mut c = self.calibrate();
+                c.changed = true;
+                (
+                    c,
+                    format!("calibrated in {} ms", started.elapsed().as_millis()),
+                )
             }
         };
         if self.verbose {
@@ -112,7 +103,7 @@ pub(crate) fn costs_key(path: &std::path::Path, opts: &LoadOptions, threads: i32
                 .map(str::to_string)
         })
         .unwrap_or_default();
-    let what = format!(
+    let mut what = format!(
         "{}|{}|{modified}|{cpu}|{}|{threads}|{:?}|{}|{}",
         canonical.display(),
         meta.map_or(0, |m| m.len()),
@@ -121,6 +112,11 @@ pub(crate) fn costs_key(path: &std::path::Path, opts: &LoadOptions, threads: i32
         opts.repack,
         opts.deterministic
     );
+    // Layers on other machines decode at their speed (kept out of the key
+    // without them, so existing curves keep their names).
+    if !opts.rpc.is_empty() {
+        what.push_str(&format!("|rpc {}", opts.rpc.join(",")));
+    }
     let digest = sha2::Sha256::digest(what.as_bytes());
     let name = canonical
         .file_stem()

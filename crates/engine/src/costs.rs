@@ -9,15 +9,12 @@
 //!
 //! Before there is any, a short calibration (a few calls of 1 to 16 tokens
 //! in a context of its own) measures it; the estimates are kept in cmpl's
-//! cache folder per model and machine. A run plans from the curve it found
-//! there, unchanged while it runs, so the same run drafts the same tokens
-//! (and computes the same numbers) every time. Its own decode steps are the
-//! truer evidence (a calibration times calls in a context of its own, a run
-//! pays for the calls it makes): each run's join those of the runs before
-//! it in the same file, and where they depart from the curve, the next run
-//! calibrates again and takes them (see [`Costs::renewed`]). So a shell
-//! loop of one-shots corrects a curve timed at a busy moment, and timing
-//! noise does not move it.
+//! cache folder per model and machine, and every later run plans from that
+//! curve as it was kept: frozen once measured, so the same run drafts the
+//! same tokens every time. (Runs once pooled their own timings to retime a
+//! curve; deterministic mode's calls, each beside a ballast sequence, never
+//! give the one-token calls that evidence is measured against, so that
+//! went.)
 
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -52,18 +49,8 @@ const CLAMP: f64 = 1.5;
 /// kernels' fast (multiple of four) and slow paths beside them.
 const CALIBRATED: [usize; 10] = [1, 2, 3, 4, 5, 8, 9, 12, 13, 16];
 const PASSES: usize = 3;
-/// The runs' pooled evidence of a size departs from the curve once it rests
-/// on [`SETTLED`] calls and differs by more than [`DEPARTS`]; it rests on
-/// the latest [`POOLED`] calls at most (older runs fade).
-const SETTLED: f64 = KEEP;
-const DEPARTS: f64 = 0.1;
-/// A curve is timed again at most this often, however its runs depart:
-/// every run until then drafts as the one before (the same command, the
-/// same drafts, the same bytes), and a departing pool waits.
-const RETIME_AFTER_SECS: u64 = 3600;
-const POOLED: f64 = 5.0 * KEEP;
-/// The cost file's format: 2 added the pool.
-const VERSION: u64 = 2;
+/// The cost file's format: 2 added a pool of runs' timings, 3 dropped it.
+const VERSION: u64 = 3;
 /// Calibration stops past this, whatever is left unmeasured (a large
 /// model's 16-token call can take a second on a CPU).
 const CALIBRATION_BUDGET: Duration = Duration::from_millis(1500);
@@ -74,11 +61,6 @@ pub struct Costs {
     secs: Vec<f64>,
     /// Calls each estimate rests on (at most [`KEEP`]).
     weight: Vec<f64>,
-    /// Runs' own evidence, pooled across runs (see [`Costs::pool`]): each
-    /// size's cost against a one-token call as runs measured it, and the
-    /// calls it rests on.
-    pool_cost: Vec<f64>,
-    pool_calls: Vec<f64>,
     /// When the curve was timed (seconds since the Unix epoch).
     timed: u64,
     /// Recorded since loaded or saved.
@@ -90,8 +72,6 @@ impl Default for Costs {
         Costs {
             secs: vec![0.0; SIZES + 1],
             weight: vec![0.0; SIZES + 1],
-            pool_cost: vec![0.0; SIZES + 1],
-            pool_calls: vec![0.0; SIZES + 1],
             timed: 0,
             changed: false,
         }
@@ -152,64 +132,6 @@ impl Costs {
         Some(self.secs[lo] + (n - lo) as f64 * slope.max(0.0))
     }
 
-    /// Adds a run's own evidence (`run`, its calls as recorded) to the
-    /// pool of the runs before it.
-    ///
-    /// Each run's costs are against its own one-token calls, so runs on a
-    /// busy moment and a quiet one compare alike; a run's evidence of a
-    /// size counts as many calls as the lesser of its calls of that size
-    /// and of one token, about (a run that drafted nearly every step has
-    /// few one-token calls to measure against).
-    pub fn pool(&mut self, run: &Costs) {
-        let ones = run.weight[1];
-        if ones == 0.0 || !self.known() {
-            return;
-        }
-        for n in 2..=SIZES {
-            let calls = run.weight[n] * ones / (run.weight[n] + ones);
-            if calls > 0.0 {
-                let (cost, pooled) = (&mut self.pool_cost[n], &mut self.pool_calls[n]);
-                *cost += (run.relative(n) - *cost) * calls / (*pooled + calls);
-                *pooled = (*pooled + calls).min(POOLED);
-                self.changed = true;
-            }
-        }
-    }
-
-    /// Whether the curve is due to be timed again: the pool, on a size it
-    /// holds [`SETTLED`] calls of, departs from it by more than [`DEPARTS`],
-    /// and it was timed [`RETIME_AFTER_SECS`] ago or more (see
-    /// [`Costs::renewed`]).
-    pub fn due(&self) -> bool {
-        self.departs() && now().saturating_sub(self.timed) >= RETIME_AFTER_SECS
-    }
-
-    fn departs(&self) -> bool {
-        (2..=SIZES).any(|n| {
-            self.pool_calls[n] >= SETTLED
-                && (self.pool_cost[n] / self.relative(n) - 1.0).abs() > DEPARTS
-        })
-    }
-
-    /// The curve a departing pool calls for: `fresh`, a calibration timed
-    /// now (the sizes the drafter avoids, a run never measures: a curve
-    /// that is off where the runs measured it is likely off there too, and
-    /// not alike), with the pool's costs where it holds [`SETTLED`] calls;
-    /// the pool goes on. Without a fresh calibration, this one so amended.
-    pub fn renewed(&self, fresh: Costs) -> Costs {
-        let mut next = if fresh.known() { fresh } else { self.clone() };
-        next.pool_cost.clone_from(&self.pool_cost);
-        next.pool_calls.clone_from(&self.pool_calls);
-        for n in 2..=SIZES {
-            if next.pool_calls[n] >= SETTLED {
-                next.secs[n] = next.pool_cost[n] * next.secs[1];
-                next.weight[n] = next.pool_calls[n].min(KEEP);
-            }
-        }
-        next.changed = true;
-        next
-    }
-
     /// `2:1.37 4:1.71 8:2.63 16:4.42`, the sizes lookup uses most, for
     /// `--verbose` and `bench/lookup`.
     pub fn curve(&self) -> String {
@@ -218,27 +140,6 @@ impl Costs {
             .map(|&n| format!("{n}:{:.2}", self.relative(n)))
             .collect::<Vec<_>>()
             .join(" ")
-    }
-
-    /// The sizes this run measured past one token, as `curve` writes them
-    /// (`none` where it drafted nothing).
-    pub fn measured(&self) -> String {
-        listed(
-            (2..=SIZES)
-                .filter(|&n| self.weight[n] > 0.0)
-                .map(|n| format!("{n}:{:.2}", self.relative(n))),
-        )
-    }
-
-    /// The runs' pool, as `curve` writes it, with the calls each size rests
-    /// on (`none` while it is empty).
-    pub fn pooled(&self) -> String {
-        listed((2..=SIZES).filter(|&n| self.pool_calls[n] > 0.0).map(|n| {
-            format!(
-                "{n}:{:.2} ({:.0} calls)",
-                self.pool_cost[n], self.pool_calls[n]
-            )
-        }))
     }
 
     /// Times `decode(n)` (a call of `n` tokens) for the calibrated sizes,
@@ -277,8 +178,7 @@ impl Costs {
     }
 
     pub fn to_json(&self) -> Value {
-        json!({"version": VERSION, "secs": self.secs, "weight": self.weight,
-               "pool_cost": self.pool_cost, "pool_calls": self.pool_calls, "timed": self.timed})
+        json!({"version": VERSION, "secs": self.secs, "weight": self.weight, "timed": self.timed})
     }
 
     /// Costs saved by [`Costs::to_json`]; `None` for anything else (a file
@@ -296,11 +196,6 @@ impl Costs {
         Some(Costs {
             secs: list("secs")?,
             weight: list("weight")?.into_iter().map(|w| w.min(KEEP)).collect(),
-            pool_cost: list("pool_cost")?,
-            pool_calls: list("pool_calls")?
-                .into_iter()
-                .map(|w| w.min(POOLED))
-                .collect(),
             timed: v.get("timed")?.as_u64()?,
             changed: false,
         })
@@ -344,16 +239,6 @@ fn now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
-}
-
-/// Sizes as `curve` writes them, `none` for none.
-fn listed(sizes: impl Iterator<Item = String>) -> String {
-    let sizes: Vec<String> = sizes.collect();
-    if sizes.is_empty() {
-        "none".to_string()
-    } else {
-        sizes.join(" ")
-    }
 }
 
 /// Curves kept at most: one per model file, machine and settings, so a
@@ -426,75 +311,6 @@ mod tests {
         assert_eq!(c.weight[2], 0.0);
     }
 
-    /// A run's calls: `ones` one-token calls of 10 ms, `n` calls of
-    /// `size` tokens of `secs` each.
-    fn run(ones: usize, size: usize, n: usize, secs: f64) -> Costs {
-        let calls: Vec<(usize, f64)> = std::iter::repeat_n((1, 0.010), ones)
-            .chain(std::iter::repeat_n((size, secs), n))
-            .collect();
-        from(&calls)
-    }
-
-    #[test]
-    fn runs_pool_their_evidence_until_it_departs_from_the_curve() {
-        let mut kept = from(&[(1, 0.010), (4, 0.020), (8, 0.030), (16, 0.050)]);
-        // One-shots, each too short to settle anything: 8 tokens 20%
-        // dearer (3.6 one-token calls, not 3.0). The pool grows; it departs
-        // once it rests on enough calls.
-        for _ in 0..2 {
-            kept.pool(&run(30, 8, 12, 0.036));
-            assert!(!kept.departs());
-        }
-        assert!(kept.changed, "the pool is kept");
-        kept.pool(&run(30, 8, 12, 0.036));
-        assert!(kept.departs() && kept.due());
-        // A curve timed within the hour waits: the runs until then draft
-        // as the one before.
-        let young = Costs {
-            timed: now(),
-            ..kept.clone()
-        };
-        assert!(young.departs() && !young.due());
-        assert!((kept.relative(8) - 3.0).abs() < 1e-9, "the curve as it was");
-        // A calibration timed now: the curve takes it, with the pool's
-        // costs where the pool is settled.
-        let fresh = from(&[(1, 0.005), (4, 0.011), (8, 0.016), (16, 0.020)]);
-        let mut renewed = kept.renewed(fresh);
-        assert!(renewed.changed);
-        assert!((renewed.relative(8) - 3.6).abs() < 1e-9);
-        assert!((renewed.relative(16) - 4.0).abs() < 1e-9);
-        assert!((renewed.relative(4) - 2.2).abs() < 1e-9);
-        // Settled: more of the same departs no more; noise (5%) neither.
-        assert!(!renewed.departs());
-        renewed.pool(&run(30, 8, 12, 0.036));
-        renewed.pool(&run(30, 8, 40, 0.0378));
-        assert!(!renewed.departs());
-        // A run busy at every size alike measures the same relative costs.
-        let busy: Vec<(usize, f64)> = [(1, 0.020); 30]
-            .iter()
-            .chain(&[(8, 0.072); 30])
-            .copied()
-            .collect();
-        renewed.pool(&from(&busy));
-        assert!(!renewed.departs());
-        // No calibration to be had: the pool's costs on the old curve.
-        let amended = kept.renewed(Costs::default());
-        assert!((amended.relative(8) - 3.6).abs() < 1e-9);
-        assert!((amended.relative(16) - 5.0).abs() < 1e-9);
-        // A run with no one-token call of its own has no unit: ignored; one
-        // with two counts as two calls.
-        let before = renewed.clone();
-        renewed.pool(&run(0, 8, 40, 0.1));
-        assert_eq!(renewed, before);
-        let mut fresh = from(&[(1, 0.010), (8, 0.030)]);
-        fresh.pool(&run(2, 8, 40, 0.036));
-        assert!((fresh.pool_calls[8] - 2.0 * 20.0 / 22.0).abs() < 1e-9);
-        // Nothing kept to compare with: nothing pooled.
-        let mut none = Costs::default();
-        none.pool(&run(30, 8, 40, 0.036));
-        assert!(!none.changed && !none.departs());
-    }
-
     #[test]
     fn calibration_measures_each_size_and_stops_when_decoding_fails() {
         let mut calls = Vec::new();
@@ -529,21 +345,20 @@ mod tests {
 
     #[test]
     fn saved_costs_read_back_and_strangers_do_not() {
-        let mut c = from(&[(1, 0.01), (2, 0.013), (16, 0.05)]);
-        c.pool(&run(30, 2, 5, 0.014));
+        let c = from(&[(1, 0.01), (2, 0.013), (16, 0.05)]);
         let back = Costs::from_json(&c.to_json()).unwrap();
         assert_eq!(back.secs, c.secs);
         assert_eq!(back.weight, c.weight);
-        assert_eq!(back.pool_cost, c.pool_cost);
-        assert_eq!(back.pool_calls, c.pool_calls);
-        assert!(back.pool_calls[2] > 0.0);
-        // A file from before the pool (version 1, whose runs could tilt the
-        // sizes they never measured) is calibrated again.
-        let mut old = c.to_json();
-        old["version"] = json!(1);
-        assert!(Costs::from_json(&old).is_none());
+        // A file of an earlier format (1, whose runs could tilt the sizes
+        // they never measured; 2, with runs' pooled timings) is calibrated
+        // again.
+        for version in [1, 2] {
+            let mut old = c.to_json();
+            old["version"] = json!(version);
+            assert!(Costs::from_json(&old).is_none());
+        }
         assert!(Costs::from_json(&json!({"version": VERSION})).is_none());
-        let short = json!({"version": VERSION, "secs": [1], "weight": [1], "pool_cost": [1], "pool_calls": [1]});
+        let short = json!({"version": VERSION, "secs": [1], "weight": [1], "timed": 0});
         assert!(Costs::from_json(&short).is_none());
         let mut bad = c.to_json();
         bad["secs"][3] = json!(-1.0);

@@ -24,6 +24,7 @@ mod lookup;
 mod memory;
 mod prefix;
 mod prepare;
+pub mod rpc;
 mod run;
 mod sampler;
 mod scheduler;
@@ -70,6 +71,9 @@ pub struct LoadOptions {
     /// kernels that compute every column alike, so its numbers are those of
     /// the same request alone whatever else runs.
     pub deterministic: bool,
+    /// `rpc-server`s (`HOST:PORT`) to spread the model's layers over, as
+    /// llama.cpp's `--rpc`.
+    pub rpc: Vec<String>,
 }
 
 /// A model loaded into llama.cpp, with the settings it was loaded with, and

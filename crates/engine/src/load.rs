@@ -56,6 +56,7 @@ impl Engine {
         let info = cmpl_core::gguf::inspect(path)
             .map_err(|e| CmplError::model(format!("{}: {e}", path.display())))?;
         let backend = crate::llama::backend(opts.verbose)?;
+        crate::rpc::add_servers(&opts.rpc)?;
         let c_path = path
             .to_str()
             .and_then(|p| std::ffi::CString::new(p).ok())

@@ -1,6 +1,6 @@
-//! What a process builds up while it runs a model: the call costs prompt
-//! lookup plans by and what its decode calls measured, earlier answers for
-//! lookup's drafts, and structured output's token trie.
+//! What a process builds up while it runs a model: the call costs
+//! deterministic mode's prompt lookup plans by, earlier answers for lookup's
+//! drafts, and structured output's token trie.
 
 use crate::{costs, guide, lookup};
 use cmpl_core::error::CmplError;
@@ -16,8 +16,6 @@ pub struct State {
     /// plans by it: loaded or calibrated at the first such run that may draft, then left as it is for
     /// this process (so a run drafts the same every time).
     pub(crate) costs: Mutex<Option<costs::Costs>>,
-    /// What this process's decode steps measured, for the next runs.
-    seen: Mutex<costs::Costs>,
     /// The machine, model and settings the costs are kept under.
     pub(crate) costs_key: String,
     /// Earlier answers, for prompt lookup's drafts.
@@ -30,7 +28,6 @@ impl State {
             longest_piece: OnceLock::new(),
             guides: OnceLock::new(),
             costs: Mutex::new(None),
-            seen: Default::default(),
             costs_key,
             history: Default::default(),
         }
@@ -52,14 +49,6 @@ impl State {
             .add(answer);
     }
 
-    /// A decode call of `tokens` tokens, every one's logits kept, took `secs`.
-    pub fn record_call(&self, tokens: usize, secs: f64) {
-        self.seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .record(tokens, secs);
-    }
-
     /// The relative cost of a call of `tokens` tokens as timed here (see
     /// `costs`): deterministic mode's, where timings change no byte.
     pub fn timed_cost(&self, tokens: usize) -> f64 {
@@ -74,35 +63,12 @@ impl State {
         }
     }
 
-    /// Keeps a fresh calibration, and adds what this run measured (a
-    /// server's requests since it was last idle) to the runs' evidence in
-    /// the kept file (another process may have added to it meanwhile: a
-    /// server, one-shots beside it); `report`s what it measured.
-    pub fn save_costs(&self, report: bool) {
+    /// Keeps a fresh calibration in the cache, for the next runs.
+    pub fn save_costs(&self) {
         let mut costs = self.costs.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(current) = costs.as_mut() else {
-            return;
-        };
-        let seen = std::mem::take(&mut *self.seen.lock().unwrap_or_else(|e| e.into_inner()));
-        if !seen.known() && !current.changed {
-            // Nothing to pool or keep (a server idle again): no file to touch.
-            return;
+        if let Some(current) = costs.as_mut().filter(|c| c.changed) {
+            current.save(&self.costs_key);
+            current.changed = false;
         }
-        let mut kept = match costs::Costs::load(&self.costs_key) {
-            Some(file) if file.known() && !current.changed => file,
-            _ => current.clone(),
-        };
-        kept.pool(&seen);
-        if report && seen.known() {
-            eprintln!(
-                "cmpl: call costs (× a one-token call), measured here: {}; pooled with the runs before: {}",
-                seen.measured(),
-                kept.pooled(),
-            );
-        }
-        if kept.changed {
-            kept.save(&self.costs_key);
-        }
-        current.changed = false;
     }
 }

@@ -349,14 +349,14 @@ impl Run<'_> {
     /// for the prefix cache leave the batch no room after all (the pool
     /// counts them, so this should not happen), they go and the batch is
     /// tried once more. (A stream per slot holds one sequence's cells only.)
-    /// Returns the seconds the call took; `prompt` counts them as prompt
-    /// evaluation's, else a decode step's.
+    /// Its time counts as prompt evaluation's where `prompt`, else as a
+    /// decode step's (the timings `--verbose` prints).
     fn decode(
         &mut self,
         ctx: &mut LlamaContext,
         batch: &mut LlamaBatch,
         prompt: bool,
-    ) -> Result<f64> {
+    ) -> Result<()> {
         let started = std::time::Instant::now();
         let mut outcome = ctx.decode(batch);
         if matches!(outcome, Err(DecodeError::NoKvCacheSlot)) && self.kept_cells() > 0 {
@@ -378,6 +378,6 @@ impl Run<'_> {
         if let Some(prefix) = &mut self.prefix {
             prefix.flushed();
         }
-        Ok(secs)
+        Ok(())
     }
 }

@@ -82,14 +82,7 @@ impl Run<'_> {
                 ballast.push((seq, pos, batch.n_tokens()));
             }
         }
-        // Each step's size and time is evidence of what calls cost here,
-        // for the mode that plans by timed costs.
-        let secs = self.decode(ctx, batch, false)?;
-        if self.exact {
-            self.engine
-                .state
-                .record_call(batch.n_tokens() as usize, secs);
-        }
+        self.decode(ctx, batch, false)?;
         for &(seq, pos, _) in &ballast {
             ctx.clear_kv_cache_seq(Some(seq as u32), Some(pos as u32), None)
                 .map_err(|e| CmplError::internal(format!("KV removal: {e}")))?;
