@@ -13,7 +13,7 @@
 
 pub use cmpl_core::{
     api, backend, cells, chat_body, chat_printer, constraint, error, fields, gguf, grammar,
-    printer, random, request, sandbox, stop, template,
+    printer, random, request, sandbox, stop, template, tools,
 };
 pub use cmpl_engine as engine;
 

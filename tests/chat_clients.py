@@ -1,6 +1,6 @@
 """Drives `cmpl --serve`'s chat endpoint with clients no one here wrote: the
 OpenAI SDK's chat.completions (plain, streamed, logprobs, a json_schema
-response_format, tools refused), LangChain's ChatOpenAI, and the `llm` tool
+response_format, tools refused by a template that ignores them), LangChain's ChatOpenAI, and the `llm` tool
 with an OpenAI-compatible chat model. argv: ROOT_URL ANSWER, the command
 line's greedy --chat answer to the question (64 tokens), which the server
 must give exactly. Prints "ok" or fails loudly."""
@@ -61,7 +61,8 @@ c = client.chat.completions.create(
 answer = json.loads(c.choices[0].message.content)
 assert set(answer) == {"city"} and isinstance(answer["city"], str), answer
 
-# Tools are refused by name; so is a malformed conversation.
+# Tools are refused by name where the template ignores them (SmolLM2's does);
+# so is a malformed conversation.
 for bad, field in (({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
                    ({"messages": [{"role": "user"}]}, "messages")):
     try:

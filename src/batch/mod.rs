@@ -27,6 +27,8 @@ struct Line {
     /// The prompt, when echoed (a chat's as its template rendered it).
     echoed: Option<String>,
     logprobs: Option<u32>,
+    /// The tools its answer may call, read back from its text.
+    tools: Option<crate::tools::Tools>,
     form: Form,
 }
 
@@ -52,6 +54,7 @@ impl Form {
                 echoed,
                 line.echoed.is_some(),
                 line.logprobs,
+                line.tools.as_ref(),
                 result,
             )
         };
@@ -62,6 +65,7 @@ impl Form {
                     serde_json::to_value(crate::chat_printer::completion(
                         &line.header,
                         line.logprobs.is_some(),
+                        line.tools.as_ref(),
                         &result,
                     ))
                 } else {
@@ -180,6 +184,7 @@ pub fn run(inv: &Invocation, config: &Config, files: &BatchFiles) -> Result<bool
                     header,
                     echoed,
                     logprobs: request.logprobs,
+                    tools: request.callable_tools().cloned(),
                     form,
                 });
                 requests.push(request);

@@ -222,6 +222,22 @@ pub struct Cli {
     #[arg(long, value_name = "FILE", help_heading = "Chat")]
     pub chat_template: Option<PathBuf>,
 
+    /// Functions the answer may call: a JSON list of {"type": "function",
+    /// "function": {"name", "description", "parameters"}} in FILE, shown to
+    /// the model by its template (implies --chat). A call is constrained to
+    /// the model's format and the tool's schema (docs/chat.md).
+    #[arg(long, value_name = "FILE", help_heading = "Chat")]
+    pub tools: Option<PathBuf>,
+
+    /// With --tools: auto (the model chooses), none, required (at least one
+    /// call), or a tool's name (a call of it) [default: auto].
+    #[arg(long, value_name = "CHOICE", help_heading = "Chat")]
+    pub tool_choice: Option<String>,
+
+    /// With --tools: more than one call in an answer [default: true].
+    #[arg(long, value_name = "BOOL", help_heading = "Chat")]
+    pub parallel_tool_calls: Option<bool>,
+
     /// Print the API's JSON: one CompletionResponse, or SSE chunks with --stream.
     #[arg(long, help_heading = "Input and output")]
     pub json: bool,

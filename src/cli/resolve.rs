@@ -254,6 +254,32 @@ impl Cli {
             })?;
             put(fields::CHAT_TEMPLATE.name, Some(Value::String(text)));
         }
+        if let Some(path) = &self.tools {
+            let tools = std::fs::read_to_string(path).map_err(|e| {
+                CmplError::invalid(
+                    fields::TOOLS.name,
+                    format!("--tools {}: {e}", path.display()),
+                )
+            })?;
+            let tools: Value = serde_json::from_str(&tools).map_err(|e| {
+                CmplError::invalid(
+                    fields::TOOLS.name,
+                    format!("--tools {}: not JSON ({e}); give a list like [{{\"type\": \"function\", \"function\": {{\"name\": \"get_weather\", \"parameters\": {{…}}}}}}]", path.display()),
+                )
+            })?;
+            put(fields::TOOLS.name, Some(tools));
+        }
+        put(
+            fields::TOOL_CHOICE.name,
+            self.tool_choice.as_deref().map(|c| match c {
+                "auto" | "none" | "required" => json!(c),
+                name => json!({"type": "function", "function": {"name": name}}),
+            }),
+        );
+        put(
+            fields::PARALLEL_TOOL_CALLS.name,
+            self.parallel_tool_calls.map(Value::Bool),
+        );
         if !self.logit_bias.is_empty() {
             let mut map = Map::new();
             for item in &self.logit_bias {
@@ -344,6 +370,7 @@ impl Cli {
                     Constraint::Regex(_) => "--regex",
                     Constraint::Choice(_) => "--choice",
                     Constraint::Grammar(_) => "--grammar",
+                    Constraint::Tools { .. } => "--tools",
                 }
                 .to_string()
             });

@@ -130,6 +130,9 @@ impl Dialect {
     /// The request body for `/completions`, or why this server cannot take
     /// the request (an invalid request: nothing is sent).
     pub fn body(&self, r: &Request, model: &str, opts: &RunOptions, stream: bool) -> Result<Value> {
+        if r.chat.as_ref().is_some_and(|c| c.tools.is_some()) {
+            return Err(tools_refused());
+        }
         let s = &r.sampling;
         // Streams carry each token's logprob even when the request asks none.
         let want_logprobs = r.logprobs.or(opts.token_logprobs.then_some(0));
@@ -216,6 +219,7 @@ impl Dialect {
                             "llama-server takes JSON Schemas and GBNF grammars, not regexes; write it as --grammar, or run the model locally",
                         ))
                     }
+                    Some(Constraint::Tools { .. }) => return Err(tools_refused()),
                 }
             }
             Dialect::Vllm | Dialect::Contract => {
@@ -257,6 +261,7 @@ impl Dialect {
                         Constraint::Regex(rx) => json!({"regex": rx}),
                         Constraint::Choice(options) => json!({"choice": options}),
                         Constraint::Grammar(g) => json!({"grammar": g}),
+                        Constraint::Tools { .. } => return Err(tools_refused()),
                     };
                     b.insert(fields::STRUCTURED_OUTPUTS.name.into(), so);
                 }
@@ -501,6 +506,15 @@ fn unexpected(what: &str, v: &Value) -> CmplError {
     )
 }
 
+/// A chat goes out rendered, as a completion: a server could not constrain
+/// or read back the calls of a template it never saw.
+fn tools_refused() -> CmplError {
+    CmplError::invalid(
+        fields::TOOLS.name,
+        "`tools` are read and constrained where the chat is rendered, and a remote engine is sent a rendered prompt: run the model locally (or send the chat to `cmpl --serve` there)",
+    )
+}
+
 /// The message of an error body: `{"error": {"message": ...}}` (every
 /// server here), `{"error": "..."}` or `{"message": ...}`.
 pub fn error_message(body: &str) -> Option<String> {
@@ -575,6 +589,16 @@ mod tests {
                     _ => json!({"type": "json_object"}),
                 };
                 let mut one = json!({"prompt": "hi"});
+                if field.group == fields::Group::Chat {
+                    // Tools: refused as `tools`, whichever comes with them.
+                    one = json!({"messages": [{"role": "user", "content": "hi"}],
+                        "tools": [{"type": "function", "function": {"name": "f"}}]});
+                    let e = dialect
+                        .body(&request(one), "m", &RunOptions::default(), false)
+                        .unwrap_err();
+                    assert_eq!(e.param.as_deref(), Some("tools"), "{dialect:?}");
+                    continue;
+                }
                 one[field.name] = value;
                 if field.name == "structured_outputs" {
                     one[field.name] = json!({"regex": "a+"});

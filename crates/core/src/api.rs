@@ -13,6 +13,8 @@ pub enum FinishReason {
     Eos,
     /// `max_tokens` or the context window was reached.
     Length,
+    /// The answer is calls of the request's tools (`tool_calls`).
+    ToolCalls,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -60,6 +62,17 @@ pub struct Choice {
     pub finish_reason: FinishReason,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<LogprobsPart>,
+    /// The calls the text reads as, where the request offered tools.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<IndexedToolCall>,
+}
+
+/// A call in a completion's choice, as the contract's `ToolChoice`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct IndexedToolCall {
+    pub index: u32,
+    #[serde(flatten)]
+    pub call: ToolCall,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -163,12 +176,13 @@ impl ResponseHeader {
 }
 
 /// Why a chat choice ended: its turn (an end of turn, a stop string, a
-/// constraint complete) or its length.
+/// constraint complete), its length, or calls for the client to make.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ChatFinishReason {
     Stop,
     Length,
+    ToolCalls,
 }
 
 /// A chat answer whole (`chat.completion`), as OpenAI's chat endpoint
@@ -194,7 +208,45 @@ pub struct ChatChoice {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ChatMessage {
     pub role: &'static str,
-    pub content: String,
+    /// The answer; `null` where the answer is calls.
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+}
+
+/// One call an answer asks the client to make.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolCall {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: FunctionCall,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FunctionCall {
+    pub name: String,
+    /// The arguments as JSON text.
+    pub arguments: String,
+}
+
+/// A piece of a streamed call: its id, kind and name first, then its
+/// arguments' text, as the SDKs' stream helpers join them (by `index`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolCallDelta {
+    pub index: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    pub function: FunctionDelta,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FunctionDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub arguments: String,
 }
 
 /// One event of a chat stream (`chat.completion.chunk`); the last one of a
@@ -223,7 +275,10 @@ pub struct ChatChunkChoice {
 pub struct ChatDelta {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<&'static str>,
-    pub content: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallDelta>,
 }
 
 /// `logprobs.content`: one entry per token.

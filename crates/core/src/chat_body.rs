@@ -41,10 +41,10 @@ pub fn request(body: &str) -> Result<(RawRequest, bool)> {
             continue;
         }
         match key.as_str() {
-            "tools" | "tool_choice" | "functions" | "function_call" | "parallel_tool_calls" => {
+            "functions" | "function_call" => {
                 return Err(CmplError::invalid(
                     &key,
-                    format!("`{key}`: tools and function calling are not supported by cmpl; send the request without them"),
+                    format!("`{key}` is the API's old form of function calling: send `tools` and `tool_choice`"),
                 ))
             }
             k if k == LOGPROBS.name => {
@@ -120,9 +120,9 @@ mod tests {
     }
 
     #[test]
-    fn tools_and_strangers_are_refused_by_name() {
+    fn old_function_calls_and_strangers_are_refused_by_name() {
         let cases = [
-            (r#"{"messages": [], "tools": []}"#, "tools"),
+            (r#"{"messages": [], "functions": []}"#, "functions"),
             (r#"{"messages": [], "bogus": 1}"#, "bogus"),
             (r#"{"messages": [], "top_logprobs": 2}"#, "top_logprobs"),
             (r#"{"prompt": "x"}"#, "prompt"),

@@ -4,11 +4,13 @@
 
 use crate::api::{
     ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatDelta, ChatFinishReason,
-    ChatLogprobs, ChatMessage, ChatTokenLogprob, ChatTopLogprob, ResponseHeader, Usage,
+    ChatLogprobs, ChatMessage, ChatTokenLogprob, ChatTopLogprob, FunctionDelta, ResponseHeader,
+    ToolCallDelta, Usage,
 };
 use crate::backend::{Event, Finish, JobResult, TokenInfo};
 use crate::error::Result;
 use crate::request::Request;
+use crate::tools::{call_id, opens_as_words, read_calls, tool_call, Tools};
 use serde::Serialize;
 use std::io::Write;
 
@@ -22,27 +24,57 @@ pub struct ChatWriter<W: Write> {
     include_usage: bool,
     /// Which choices have sent their first chunk (the one with the role).
     opened: Vec<bool>,
+    /// The tools an answer may call: a choice's text is held until it is
+    /// known to be words (sent as they come) or calls (sent whole).
+    tools: Option<Tools>,
+    held: Vec<Held>,
 }
 
-/// A finished job as a `chat.completion` object (`header`'s id and time).
-pub fn completion(header: &ResponseHeader, logprobs: bool, result: &JobResult) -> ChatCompletion {
+/// A choice's text while it may still be calls.
+#[derive(Default)]
+struct Held {
+    /// Known to be words: no longer held.
+    words: bool,
+    text: String,
+    tokens: Vec<TokenInfo>,
+}
+
+/// A finished job as a `chat.completion` object (`header`'s id and time);
+/// where `tools` may be called, an answer that is calls is sent as them.
+pub fn completion(
+    header: &ResponseHeader,
+    logprobs: bool,
+    tools: Option<&Tools>,
+    result: &JobResult,
+) -> ChatCompletion {
     let choices = result
         .choices
         .iter()
-        .map(|c| ChatChoice {
-            index: c.index,
-            message: ChatMessage {
-                role: "assistant",
-                content: c.text.clone(),
-            },
-            logprobs: c
-                .tokens
-                .as_ref()
-                .filter(|_| logprobs)
-                .map(|t| ChatLogprobs {
-                    content: t.iter().map(token_logprob).collect(),
-                }),
-            finish_reason: reason(c.finish),
+        .map(|c| {
+            let calls = tools
+                .filter(|_| c.finish != Finish::Length)
+                .and_then(|t| read_calls(&c.text, t));
+            let finish_reason = match &calls {
+                Some(_) => ChatFinishReason::ToolCalls,
+                None => reason(c.finish),
+            };
+            ChatChoice {
+                index: c.index,
+                message: ChatMessage {
+                    role: "assistant",
+                    content: calls.is_none().then(|| c.text.clone()),
+                    tool_calls: calls
+                        .map_or_else(Vec::new, |calls| calls.into_iter().map(tool_call).collect()),
+                },
+                logprobs: c
+                    .tokens
+                    .as_ref()
+                    .filter(|_| logprobs)
+                    .map(|t| ChatLogprobs {
+                        content: t.iter().map(token_logprob).collect(),
+                    }),
+                finish_reason,
+            }
         })
         .collect();
     ChatCompletion {
@@ -59,6 +91,7 @@ impl<W: Write> ChatWriter<W> {
     pub fn new(out: W, job: usize, model: &str, request: &Request, include_usage: bool) -> Self {
         let mut header = ResponseHeader::new(model);
         header.id = header.id.replacen("cmpl-", "chatcmpl-", 1);
+        let n = request.n as usize;
         ChatWriter {
             out,
             job,
@@ -66,7 +99,9 @@ impl<W: Write> ChatWriter<W> {
             stream: request.stream,
             logprobs: request.logprobs.is_some(),
             include_usage,
-            opened: vec![false; request.n as usize],
+            opened: vec![false; n],
+            tools: request.callable_tools().cloned(),
+            held: (0..n).map(|_| Held::default()).collect(),
         }
     }
 
@@ -82,23 +117,11 @@ impl<W: Write> ChatWriter<W> {
                 finish,
                 ..
             } if self.stream => {
-                let first = !std::mem::replace(&mut self.opened[choice as usize], true);
-                if text.is_empty() && finish.is_none() && !first {
-                    return Ok(());
+                if self.tools.is_some() && !self.held[choice as usize].words {
+                    return self.hold(choice, token, text, finish);
                 }
-                let choice = ChatChunkChoice {
-                    index: choice,
-                    delta: ChatDelta {
-                        role: first.then_some("assistant"),
-                        content: text.to_string(),
-                    },
-                    logprobs: self.logprobs.then(|| ChatLogprobs {
-                        content: vec![token_logprob(token)],
-                    }),
-                    finish_reason: finish.map(reason),
-                };
-                let chunk = self.chunk(vec![choice], None);
-                self.write_sse(&chunk)
+                let tokens = std::slice::from_ref(token);
+                self.send_words(choice, text, tokens, finish.map(reason))
             }
             Event::Done { result, .. } if self.stream => {
                 if !self.include_usage {
@@ -109,13 +132,117 @@ impl<W: Write> ChatWriter<W> {
                 self.write_sse(&chunk)
             }
             Event::Done { result, .. } => {
-                let response = completion(&self.header, self.logprobs, &result);
+                let response =
+                    completion(&self.header, self.logprobs, self.tools.as_ref(), &result);
                 serde_json::to_writer(&mut self.out, &response).map_err(std::io::Error::from)?;
                 self.out.flush()?;
                 Ok(())
             }
             _ => Ok(()),
         }
+    }
+
+    /// A streamed choice's text while it may be calls: held until its
+    /// first letter is not a call's (then sent, and the rest as it comes),
+    /// or to its end (then sent as the calls it reads as, or as text).
+    fn hold(
+        &mut self,
+        choice: u32,
+        token: &TokenInfo,
+        text: &str,
+        finish: Option<Finish>,
+    ) -> Result<()> {
+        let held = &mut self.held[choice as usize];
+        held.text.push_str(text);
+        held.tokens.push(token.clone());
+        let words = !token.special && opens_as_words(&held.text);
+        if finish.is_none() && !words {
+            return Ok(());
+        }
+        let (text, tokens) = (
+            std::mem::take(&mut held.text),
+            std::mem::take(&mut held.tokens),
+        );
+        held.words = true;
+        let calls = match (finish, &self.tools) {
+            (Some(f), Some(t)) if f != Finish::Length && !words => read_calls(&text, t),
+            _ => None,
+        };
+        let Some(calls) = calls else {
+            return self.send_words(choice, &text, &tokens, finish.map(reason));
+        };
+        for (index, call) in calls.into_iter().enumerate() {
+            let index = index as u32;
+            let opening = ToolCallDelta {
+                index,
+                id: Some(call_id()),
+                kind: Some("function"),
+                function: FunctionDelta {
+                    name: Some(call.name),
+                    arguments: String::new(),
+                },
+            };
+            self.send_calls(choice, vec![opening], None)?;
+            let arguments = ToolCallDelta {
+                index,
+                id: None,
+                kind: None,
+                function: FunctionDelta {
+                    name: None,
+                    arguments: call.arguments,
+                },
+            };
+            self.send_calls(choice, vec![arguments], None)?;
+        }
+        self.send_calls(choice, Vec::new(), Some(ChatFinishReason::ToolCalls))
+    }
+
+    fn send_words(
+        &mut self,
+        choice: u32,
+        text: &str,
+        tokens: &[TokenInfo],
+        finish: Option<ChatFinishReason>,
+    ) -> Result<()> {
+        let first = !std::mem::replace(&mut self.opened[choice as usize], true);
+        if text.is_empty() && finish.is_none() && !first {
+            return Ok(());
+        }
+        let choice = ChatChunkChoice {
+            index: choice,
+            delta: ChatDelta {
+                role: first.then_some("assistant"),
+                content: Some(text.to_string()),
+                tool_calls: Vec::new(),
+            },
+            logprobs: self.logprobs.then(|| ChatLogprobs {
+                content: tokens.iter().map(token_logprob).collect(),
+            }),
+            finish_reason: finish,
+        };
+        let chunk = self.chunk(vec![choice], None);
+        self.write_sse(&chunk)
+    }
+
+    fn send_calls(
+        &mut self,
+        choice: u32,
+        tool_calls: Vec<ToolCallDelta>,
+        finish: Option<ChatFinishReason>,
+    ) -> Result<()> {
+        let first = !std::mem::replace(&mut self.opened[choice as usize], true);
+        let choice = ChatChunkChoice {
+            index: choice,
+            delta: ChatDelta {
+                role: first.then_some("assistant"),
+                content: None,
+                tool_calls,
+            },
+            logprobs: None,
+            finish_reason: finish,
+        };
+        let chunk = self.chunk(vec![choice], None);
+        self.write_sse(&chunk)
     }
 
     /// A stream's end.

@@ -27,6 +27,12 @@ pub enum Constraint {
     Choice(Vec<String>),
     /// llama.cpp's GBNF; the text is in the language of its `root` rule.
     Grammar(String),
+    /// A chat's tool calls in the model's format (or, where the choice is
+    /// `auto`, an answer in words): set at the render, never by a flag.
+    Tools {
+        tools: crate::tools::Tools,
+        format: crate::tools::Format,
+    },
 }
 
 impl Constraint {
@@ -66,6 +72,7 @@ impl Constraint {
             Constraint::Regex(rx) => (STRUCTURED_OUTPUTS.name, json!({"regex": rx})),
             Constraint::Choice(options) => (STRUCTURED_OUTPUTS.name, json!({"choice": options})),
             Constraint::Grammar(g) => (STRUCTURED_OUTPUTS.name, json!({"grammar": g})),
+            Constraint::Tools { tools, .. } => (crate::fields::TOOLS.name, tools.given.clone()),
         }
     }
 
@@ -77,6 +84,7 @@ impl Constraint {
             Constraint::Regex(_) => "a regex",
             Constraint::Choice(_) => "a choice",
             Constraint::Grammar(_) => "a grammar",
+            Constraint::Tools { .. } => "tool calls",
         }
     }
 

@@ -332,6 +332,33 @@ pub const MESSAGES: Field = Field {
     remote: HERE,
     doc: "A whole conversation in place of `prompt`, rendered through the chat template.",
 };
+pub const TOOLS: Field = Field {
+    name: "tools",
+    group: Group::Chat,
+    kind: Kind::Shape("a list of up to 128 {\"type\": \"function\", \"function\": {\"name\", \"description\", \"parameters\"}}, 256 KiB in all (the flag reads it from a file)"),
+    flag: Some("tools"),
+    chat: InChat::AsIs,
+    remote: [Refused; 3],
+    doc: "Functions a chat's answer may call, shown to the model by its template; a call is constrained to the model's format and a tool's schema.",
+};
+pub const TOOL_CHOICE: Field = Field {
+    name: "tool_choice",
+    group: Group::Chat,
+    kind: Kind::Shape("\"auto\" (default), \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\"}}"),
+    flag: Some("tool-choice"),
+    chat: InChat::AsIs,
+    remote: [Refused; 3],
+    doc: "Whether the answer may call a tool, must call one, or must call the one named.",
+};
+pub const PARALLEL_TOOL_CALLS: Field = Field {
+    name: "parallel_tool_calls",
+    group: Group::Chat,
+    kind: Kind::Boolean,
+    flag: Some("parallel-tool-calls"),
+    chat: InChat::AsIs,
+    remote: [Refused; 3],
+    doc: "More than one call in an answer (default true).",
+};
 pub const RESPONSE_FORMAT: Field = Field {
     name: "response_format",
     group: Group::Constraint,
@@ -383,6 +410,9 @@ pub const TABLE: &[Field] = &[
     SYSTEM,
     CHAT_TEMPLATE,
     MESSAGES,
+    TOOLS,
+    TOOL_CHOICE,
+    PARALLEL_TOOL_CALLS,
     RESPONSE_FORMAT,
     STRUCTURED_OUTPUTS,
 ];

@@ -22,3 +22,4 @@ pub mod request;
 pub mod sandbox;
 pub mod stop;
 pub mod template;
+pub mod tools;

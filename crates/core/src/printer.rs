@@ -3,11 +3,12 @@
 
 use crate::api::{
     Choice, ChunkChoice, ChunkDelta, ChunkToken, CompletionChunk, CompletionResponse, FinishReason,
-    LogprobsPart, PromptPart, ResponseHeader, TopLogprobs, Usage,
+    IndexedToolCall, LogprobsPart, PromptPart, ResponseHeader, TopLogprobs, Usage,
 };
-use crate::backend::{Event, Finish, JobResult, TokenInfo};
+use crate::backend::{ChoiceResult, Event, Finish, JobResult, TokenInfo};
 use crate::error::Result;
 use crate::request::Request;
+use crate::tools::{call_lines, opens_as_words, read_calls, tool_call, Call, Tools};
 use std::io::Write;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +40,12 @@ pub struct Printer<W: Write> {
     heat_map: bool,
     /// Chunks as OpenAI's completions stream sends them (no `delta`).
     openai_stream: bool,
+    /// The tools an answer may call. Text mode holds the text until it
+    /// opens as words (then shown as it comes) or ends (then shown as one
+    /// JSON line a call, where it reads as calls).
+    tools: Option<Tools>,
+    held: String,
+    words: bool,
 }
 
 impl<W: Write> Printer<W> {
@@ -67,6 +74,9 @@ impl<W: Write> Printer<W> {
             color,
             heat_map: color && request.logprobs.is_some() && request.n == 1,
             openai_stream: request.openai_stream,
+            tools: request.callable_tools().cloned(),
+            held: String::new(),
+            words: false,
         }
     }
 
@@ -104,6 +114,16 @@ impl<W: Write> Printer<W> {
                         }
                     }
                     _ => {}
+                }
+            }
+            (Format::Text, Event::Token { text, token, .. })
+                if self.n == 1 && self.tools.is_some() && !self.words =>
+            {
+                self.held.push_str(text);
+                if !token.special && opens_as_words(&self.held) {
+                    self.words = true;
+                    let held = std::mem::take(&mut self.held);
+                    self.write_styled(&held, Style::Plain)?;
                 }
             }
             (Format::Text, Event::Token { text, token, .. }) if self.n == 1 => {
@@ -194,9 +214,26 @@ impl<W: Write> Printer<W> {
         Ok(())
     }
 
-    /// Text mode with several choices: each under a short header, in order.
+    /// A choice's text as text mode shows it: its calls, one JSON line
+    /// each, where it reads as calls of the request's tools.
+    fn shown(&self, c: &ChoiceResult) -> String {
+        match self.tools.as_ref().and_then(|t| calls_of(t, c)) {
+            Some(calls) => call_lines(&calls),
+            None => c.text.clone(),
+        }
+    }
+
+    /// Text mode with several choices: each under a short header, in
+    /// order; with one, what it held back (a call, or text that might have
+    /// been one).
     fn write_choices(&mut self, result: &JobResult) -> Result<()> {
         if self.n == 1 {
+            if let (Some(c), true, false) =
+                (result.choices.first(), self.tools.is_some(), self.words)
+            {
+                let shown = self.shown(c);
+                self.write_text(&shown)?;
+            }
             return Ok(());
         }
         for c in &result.choices {
@@ -220,7 +257,8 @@ impl<W: Write> Printer<W> {
                 let prompt = self.prompt.clone();
                 self.write_text(&prompt)?;
             }
-            self.write_text(&c.text)?;
+            let shown = self.shown(c);
+            self.write_text(&shown)?;
         }
         Ok(())
     }
@@ -269,7 +307,14 @@ impl<W: Write> Printer<W> {
     }
 
     fn response(&self, result: JobResult) -> CompletionResponse {
-        response(&self.header, &self.prompt, self.echo, self.logprobs, result)
+        response(
+            &self.header,
+            &self.prompt,
+            self.echo,
+            self.logprobs,
+            self.tools.as_ref(),
+            result,
+        )
     }
 }
 
@@ -279,6 +324,7 @@ pub fn response(
     prompt: &str,
     echo: bool,
     logprobs: Option<u32>,
+    tools: Option<&Tools>,
     result: JobResult,
 ) -> CompletionResponse {
     let part = |tokens: &[TokenInfo]| logprobs_part(tokens, logprobs);
@@ -299,12 +345,27 @@ pub fn response(
         choices: result
             .choices
             .into_iter()
-            .map(|c| Choice {
-                logprobs: c.tokens.as_deref().map(part),
-                text: c.text,
-                index: c.index,
-                seed: c.seed,
-                finish_reason: reason(c.finish),
+            .map(|c| {
+                let calls = tools.and_then(|t| calls_of(t, &c));
+                Choice {
+                    logprobs: c.tokens.as_deref().map(part),
+                    index: c.index,
+                    seed: c.seed,
+                    finish_reason: match calls {
+                        Some(_) => FinishReason::ToolCalls,
+                        None => reason(c.finish),
+                    },
+                    tool_calls: calls
+                        .unwrap_or_default()
+                        .into_iter()
+                        .enumerate()
+                        .map(|(index, call)| IndexedToolCall {
+                            index: index as u32,
+                            call: tool_call(call),
+                        })
+                        .collect(),
+                    text: c.text,
+                }
             })
             .collect(),
     }
@@ -323,6 +384,13 @@ fn logprobs_part(tokens: &[TokenInfo], logprobs: Option<u32>) -> LogprobsPart {
                 .collect()
         }),
     }
+}
+
+/// The calls a finished choice reads as (none where it was cut short).
+fn calls_of(tools: &Tools, c: &ChoiceResult) -> Option<Vec<Call>> {
+    (c.finish != Finish::Length)
+        .then(|| read_calls(&c.text, tools))
+        .flatten()
 }
 
 fn reason(finish: Finish) -> FinishReason {

@@ -5,6 +5,7 @@ use crate::constraint::{self, Constraint};
 use crate::error::{CmplError, Result};
 use crate::fields::*;
 use crate::template::{self, Message, Specials};
+use crate::tools::{Choice, Format, Tools};
 use serde_json::{Map, Value};
 
 /// Defaults for fields the request leaves out (documented in `--help` and the man page).
@@ -191,6 +192,9 @@ pub struct Chat {
     /// of its own, before the decode loop sees the request.
     #[serde(default)]
     pub rendered: bool,
+    /// Functions the answer may call (`tools`, `tool_choice`).
+    #[serde(default)]
+    pub tools: Option<Tools>,
 }
 
 impl Request {
@@ -247,7 +251,31 @@ impl Request {
             frequency_penalty: number(raw, &FREQUENCY_PENALTY)?.unwrap_or(0.0),
             logit_bias: logit_bias(raw)?,
         };
-        let chat = chat(raw, &prompt, messages)?;
+        let mut chat = chat(raw, &prompt, messages)?;
+        let constraint = Constraint::from_fields(
+            raw.get(RESPONSE_FORMAT.name),
+            raw.get(STRUCTURED_OUTPUTS.name),
+        )?;
+        let tools = Tools::from_fields(
+            raw.get(TOOLS.name),
+            raw.get(TOOL_CHOICE.name),
+            raw.get(PARALLEL_TOOL_CALLS.name),
+        )?;
+        if let Some(tools) = tools {
+            let Some(chat) = &mut chat else {
+                return Err(CmplError::invalid(
+                    TOOLS.name,
+                    "`tools` apply to a chat: send `messages` (or `chat`: true, or --chat)",
+                ));
+            };
+            if let (Some(c), false) = (&constraint, tools.choice == Choice::None) {
+                return Err(CmplError::invalid(
+                    TOOLS.name,
+                    format!("`tools` constrain the answer to a call, and the request asks for {} too: one constraint per request (or `tool_choice`: \"none\")", c.kind()),
+                ));
+            }
+            chat.tools = Some(tools);
+        }
         Ok(Request {
             model: raw
                 .get(MODEL.name)
@@ -263,10 +291,7 @@ impl Request {
             n,
             seed: integer(raw, &SEED)?.map(|v| v as u32),
             openai_stream: raw.get(STREAM_OPTIONS.name).is_some(),
-            constraint: Constraint::from_fields(
-                raw.get(RESPONSE_FORMAT.name),
-                raw.get(STRUCTURED_OUTPUTS.name),
-            )?,
+            constraint,
             chat,
             safety_model: raw
                 .get(SAFETY_MODEL.name)
@@ -302,6 +327,7 @@ fn chat(raw: &RawRequest, prompt: &str, messages: Option<Vec<Message>>) -> Resul
     let implied = [
         (SYSTEM.name, system.is_some()),
         (CHAT_TEMPLATE.name, template.is_some()),
+        (TOOLS.name, raw.get(TOOLS.name).is_some()),
     ];
     let implied = implied
         .iter()
@@ -327,6 +353,7 @@ fn chat(raw: &RawRequest, prompt: &str, messages: Option<Vec<Message>>) -> Resul
         messages,
         template,
         rendered: false,
+        tools: None,
     }))
 }
 
@@ -376,25 +403,49 @@ fn messages(raw: &RawRequest) -> Result<Option<Vec<Message>>> {
             );
         };
         let role = match m.get("role") {
-            Some(Value::String(r)) if matches!(r.as_str(), "system" | "user" | "assistant") => r.clone(),
+            Some(Value::String(r)) if matches!(r.as_str(), "system" | "user" | "assistant" | "tool") => r.clone(),
             Some(Value::String(r)) if matches!(r.as_str(), "developer") => SYSTEM.name.to_string(),
-            Some(Value::String(r)) if matches!(r.as_str(), "tool" | "function") => {
-                return bad(format!("[{i}].role"), &format!("is {r:?}: tools and function calling are not supported; send system, user and assistant messages"))
+            Some(Value::String(r)) if r == "function" => {
+                return bad(format!("[{i}].role"), "is \"function\", the API's old form: send the result as a \"tool\" message with `tool_call_id`")
             }
-            Some(other) => return bad(format!("[{i}].role"), &format!("must be \"system\", \"user\" or \"assistant\", not {}", json_kind(other))),
+            Some(other) => return bad(format!("[{i}].role"), &format!("must be \"system\", \"user\", \"assistant\" or \"tool\", not {}", json_kind(other))),
             None => return bad(format!("[{i}]"), "has no `role`"),
         };
-        if let Some(key) = m
-            .keys()
-            .find(|k| !matches!(k.as_str(), "role" | "content" | "name"))
-        {
-            let what = if key == "tool_calls" || key == "function_call" {
-                "tool calls are not supported".to_string()
-            } else {
-                "is not taken; a message has `role` and `content`".to_string()
+        let own = |key: &str| match key {
+            "role" | "content" | "name" => true,
+            "tool_calls" => role == "assistant",
+            "tool_call_id" => role == "tool",
+            _ => false,
+        };
+        if let Some(key) = m.keys().find(|k| !own(k)) {
+            let what = match key.as_str() {
+                "tool_calls" => "belongs to an assistant's message".to_string(),
+                "tool_call_id" => "belongs to a tool's message".to_string(),
+                "function_call" => "is the API's old form: send `tool_calls`".to_string(),
+                _ => "is not taken; a message has `role` and `content`".to_string(),
             };
             return bad(format!("[{i}].{key}"), &what);
         }
+        let tool_calls = match m.get("tool_calls") {
+            None | Some(Value::Null) => None,
+            Some(calls) => {
+                let at = format!("{}[{i}].tool_calls", MESSAGES.name);
+                let calls = crate::tools::for_template(calls, &at)
+                    .map_err(|e| CmplError::invalid(&at, e))?;
+                bytes += calls.to_string().len();
+                Some(calls)
+            }
+        };
+        let tool_call_id = match m.get("tool_call_id") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(id)) if id.len() <= MAX_NAME_BYTES => Some(id.clone()),
+            Some(_) => {
+                return bad(
+                    format!("[{i}].tool_call_id"),
+                    &format!("must be a string of at most {MAX_NAME_BYTES} bytes"),
+                )
+            }
+        };
         match m.get("name") {
             None => {}
             Some(Value::String(name)) if name.len() <= MAX_NAME_BYTES && !name.contains('\0') => {}
@@ -412,6 +463,8 @@ fn messages(raw: &RawRequest) -> Result<Option<Vec<Message>>> {
             }
         }
         let content = match m.get("content") {
+            // An assistant's turn that only calls tools has none.
+            None | Some(Value::Null) if tool_calls.is_some() => String::new(),
             Some(Value::String(s)) => s.clone(),
             Some(Value::Array(parts)) => {
                 parts_seen += parts.len();
@@ -468,22 +521,56 @@ fn messages(raw: &RawRequest) -> Result<Option<Vec<Message>>> {
                 "holds a NUL character (\\u0000); remove it",
             );
         }
-        out.push(Message { role, content });
+        out.push(Message {
+            role,
+            content,
+            tool_calls,
+            tool_call_id,
+        });
     }
     Ok(Some(out))
 }
 
 impl Request {
+    /// The tools an answer may call, where it may call any: its text is
+    /// read back into calls (`tools::read_calls`).
+    pub fn callable_tools(&self) -> Option<&Tools> {
+        self.chat
+            .as_ref()
+            .and_then(|c| c.tools.as_ref())
+            .filter(|t| t.choice != Choice::None)
+    }
+
     /// A chat request as its model reads it: the conversation rendered by
     /// the template `source` into the prompt, and the template's end of turn
     /// a stop, for a model that writes it as text. Nothing for other requests.
     /// `limit` bounds the prompt's bytes (`template::BYTES_PER_TOKEN`).
     pub fn render_chat(&mut self, source: &str, specials: Specials, limit: usize) -> Result<()> {
-        let Some(chat) = &self.chat else {
+        let Some(chat) = &mut self.chat else {
             return Ok(());
         };
-        let rendered =
-            crate::sandbox::render(&template::Job::new(source, &chat.messages, specials, limit))?;
+        let job = template::Job::new(source, &chat.messages, specials, limit);
+        let rendered = match &chat.tools {
+            None => crate::sandbox::render(&job)?,
+            Some(tools) => {
+                let with =
+                    crate::sandbox::render(&job.clone().with_tools(Some(tools.given.clone())))?;
+                // A template that never reads `tools` would drop them unsaid.
+                if crate::sandbox::render(&job)?.prompt == with.prompt {
+                    return Err(CmplError::invalid(
+                        TOOLS.name,
+                        "the chat template ignores `tools` (it renders the same prompt without them), so the model would never see them: give a template that shows them with --chat-template (or `chat_template`)",
+                    ));
+                }
+                if tools.choice != Choice::None {
+                    self.constraint = Some(Constraint::Tools {
+                        tools: tools.clone(),
+                        format: Format::of(source),
+                    });
+                }
+                with
+            }
+        };
         if let Some(end) = rendered.end_of_turn {
             if !self.stop.contains(&end) {
                 self.stop.push(end);

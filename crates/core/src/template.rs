@@ -12,9 +12,15 @@ use serde::{Deserialize, Serialize};
 /// One turn of a conversation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Message {
-    /// `system`, `user` or `assistant`.
+    /// `system`, `user`, `assistant` or `tool`.
     pub role: String,
     pub content: String,
+    /// An assistant's calls, arguments as objects (`tools::for_template`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<serde_json::Value>,
+    /// The call a `tool` message answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl Message {
@@ -22,6 +28,8 @@ impl Message {
         Message {
             role: role.to_string(),
             content: content.to_string(),
+            tool_calls: None,
+            tool_call_id: None,
         }
     }
 }
@@ -57,6 +65,9 @@ pub struct Job {
     pub bos: String,
     pub eos: String,
     pub limit: usize,
+    /// The template's `tools` variable, as `transformers` passes it.
+    #[serde(default)]
+    pub tools: Option<serde_json::Value>,
 }
 
 impl Job {
@@ -67,7 +78,13 @@ impl Job {
             bos: specials.bos.to_string(),
             eos: specials.eos.to_string(),
             limit,
+            tools: None,
         }
+    }
+
+    /// The same render with `tools` offered.
+    pub fn with_tools(self, tools: Option<serde_json::Value>) -> Job {
+        Job { tools, ..self }
     }
 }
 
@@ -90,7 +107,14 @@ pub fn render_here(job: &Job) -> Result<Rendered> {
         bos: &job.bos,
         eos: &job.eos,
     };
-    let prompt = render_with(&job.source, &job.messages, specials, true, job.limit)?;
+    let prompt = render_with(
+        &job.source,
+        &job.messages,
+        job.tools.as_ref(),
+        specials,
+        true,
+        job.limit,
+    )?;
     Ok(Rendered {
         prompt,
         end_of_turn: end_of_turn(&job.source, specials),
@@ -100,7 +124,7 @@ pub fn render_here(job: &Job) -> Result<Rendered> {
 fn end_of_turn(source: &str, specials: Specials) -> Option<String> {
     const MARK: &str = "\u{e000}cmpl-answer\u{e000}";
     let turns = [Message::new("user", "Hi"), Message::new("assistant", MARK)];
-    let text = render_with(source, &turns, specials, false, 64 << 10).ok()?;
+    let text = render_with(source, &turns, None, specials, false, 64 << 10).ok()?;
     let (_, after) = text.split_once(MARK)?;
     let end = after.split_whitespace().next()?;
     (!end.contains('\u{e000}')).then(|| end.to_string())
@@ -128,6 +152,7 @@ impl std::io::Write for Bounded {
 fn render_with(
     source: &str,
     messages: &[Message],
+    tools: Option<&serde_json::Value>,
     specials: Specials,
     generation_prompt: bool,
     limit: usize,
@@ -154,6 +179,7 @@ fn render_with(
     })?;
     let ctx = minijinja::context! {
         messages => messages,
+        tools => tools,
         add_generation_prompt => generation_prompt,
         bos_token => specials.bos,
         eos_token => specials.eos,

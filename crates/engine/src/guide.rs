@@ -196,6 +196,21 @@ impl Guides {
     /// malformed or cannot be enforced is an invalid request.
     pub fn compile(&self, c: &Constraint) -> Result<Compiled> {
         let matcher = self.matcher(c).map_err(|e| {
+            if let Constraint::Tools { tools, .. } = c {
+                // The tool whose schema it is, where one alone fails.
+                for (i, tool) in tools.list.iter().enumerate() {
+                    if let Err(e) = self.matcher(&Constraint::JsonSchema(tool.parameters.clone())) {
+                        let at = format!("tools[{i}].function.parameters");
+                        return CmplError::invalid(
+                            &at,
+                            format!(
+                                "`{at}` ({}) is a JSON Schema that cannot be enforced: {e}",
+                                tool.name
+                            ),
+                        );
+                    }
+                }
+            }
             let (field, _) = c.to_field();
             CmplError::invalid(
                 field,
@@ -225,6 +240,15 @@ impl Guides {
             Constraint::Choice(options) => TopLevelGrammar::from_regex(&alternatives(options)),
             Constraint::Grammar(gbnf) => {
                 TopLevelGrammar::from_lark(cmpl_core::grammar::to_lark(gbnf)?)
+            }
+            Constraint::Tools { tools, format } => {
+                let trie = self.env.tok_trie();
+                TopLevelGrammar::from_lark(crate::tool_grammar::lark(
+                    tools,
+                    *format,
+                    |text| trie.get_special_token(text).is_some(),
+                    bounds::close_objects,
+                ))
             }
         };
         let parser = self

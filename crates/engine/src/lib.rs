@@ -29,6 +29,7 @@ mod run;
 mod sampler;
 mod scheduler;
 mod state;
+mod tool_grammar;
 mod vector;
 
 pub use admit::Arrival;

@@ -1,0 +1,133 @@
+//! A chat's tool calls as a Lark grammar for llguidance, so that every call
+//! parses: from the call's opening (its wrapper token, or the JSON's first
+//! brace where the family writes bare JSON, as small models do even where
+//! their template asks for the wrapper) the answer is the family's wrapper,
+//! a name from the list and arguments valid against that tool's schema.
+//! With `tool_choice` `auto` the answer may instead be words, which do not
+//! open as a call does.
+
+use cmpl_core::tools::{Choice, Format, Tools};
+use serde_json::{json, Value};
+
+/// The grammar for `tools` in `format`. `special` says whether a wrapper's
+/// text is one special token of the model's (`<tool_call>` is one in
+/// Qwen 2.5's vocabulary, which text drops); `schema` readies a tool's
+/// parameters as structured output readies a schema.
+pub fn lark(
+    tools: &Tools,
+    format: Format,
+    special: impl Fn(&str) -> bool,
+    schema: impl Fn(&Value) -> Value,
+) -> String {
+    let key = format.arguments_key();
+    let bodies: Vec<Value> = tools
+        .callable()
+        .iter()
+        .map(|t| {
+            json!({
+                "type": "object",
+                "properties": {"name": {"const": t.name}, key: schema(&t.parameters)},
+                "required": ["name", key],
+                "additionalProperties": false,
+            })
+        })
+        .collect();
+    let mut body = match bodies.as_slice() {
+        [one] => one.clone(),
+        _ => json!({"oneOf": bodies}),
+    };
+    // One line, `, ` and `: ` between items, as templates show calls.
+    body["x-guidance"] =
+        json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "});
+    let text = |t: &str| {
+        if special(t) {
+            format!("<{}>", t.trim_start_matches('<').trim_end_matches('>'))
+        } else {
+            serde_json::to_string(t).unwrap_or_default()
+        }
+    };
+    let (call, calls) = match (format, format.wrapper()) {
+        (Format::Mistral, Some((open, _))) => {
+            let more = if tools.parallel {
+                " (\", \" body)*"
+            } else {
+                ""
+            };
+            (
+                "body".to_string(),
+                format!(
+                    "{} \"[\" body{more} \"]\" | \"[\" body{more} \"]\"",
+                    text(open)
+                ),
+            )
+        }
+        (_, Some((open, close))) => (
+            format!(
+                "{} \"\\n\" body \"\\n\" {} | body | {FENCED}",
+                text(open),
+                text(close)
+            ),
+            calls_of(tools.parallel),
+        ),
+        (_, None) => (format!("body | {FENCED}"), calls_of(tools.parallel)),
+    };
+    let start = match tools.choice {
+        Choice::Auto => "TEXT | calls",
+        _ => "calls",
+    };
+    format!(
+        "start: {start}\n\
+         calls: {calls}\n\
+         call: {call}\n\
+         body: %json {body}\n\
+         TEXT: /{WORDS}/\n"
+    )
+}
+
+/// A call in a Markdown code block, as small models write one.
+const FENCED: &str = "\"```json\\n\" body \"\\n```\"";
+
+/// Words: an answer that does not open as a call does (a brace, a
+/// bracket, a tag, blank space, or a JSON code block).
+const WORDS: &str = r"([^{\[<\s`]|`[^`]|``[^`]|```[^j]|```j[^s]|```js[^o]|```jso[^n])[\s\S]*|`|``|```|```j|```js|```jso";
+
+fn calls_of(parallel: bool) -> String {
+    if parallel {
+        "call (\"\\n\" call)*".to_string()
+    } else {
+        "call".to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_family_has_its_wrapper_and_auto_allows_words() {
+        let given = json!([{"type": "function", "function": {"name": "f"}}]);
+        let tools = Tools::from_fields(Some(&given), None, None)
+            .unwrap()
+            .unwrap();
+        let hermes = lark(&tools, Format::Hermes, |t| t == "<tool_call>", Value::clone);
+        assert!(hermes.starts_with("start: TEXT | calls\n"), "{hermes}");
+        assert!(
+            hermes.contains(
+                "call: <tool_call> \"\\n\" body \"\\n\" \"</tool_call>\" | body | \"```json"
+            ),
+            "{hermes}"
+        );
+        let required = Tools {
+            choice: Choice::Required,
+            parallel: false,
+            ..tools
+        };
+        let mistral = lark(&required, Format::Mistral, |_| false, Value::clone);
+        assert!(
+            mistral.starts_with("start: calls\ncalls: \"[TOOL_CALLS]\" \"[\" body \"]\""),
+            "{mistral}"
+        );
+        let llama = lark(&required, Format::Llama3, |_| false, Value::clone);
+        assert!(llama.contains("\"parameters\""), "{llama}");
+    }
+}

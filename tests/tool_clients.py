@@ -1,0 +1,127 @@
+"""Drives `cmpl --serve`'s chat endpoint with tools, through clients no one
+here wrote: the OpenAI SDK (a call, plain and streamed; a second turn that
+feeds the tool's answer back; `required` and a named tool; `none`),
+LangChain's ChatOpenAI(...).bind_tools(...) in a tool loop, and `llm`'s
+tools through an OpenAI-compatible model. argv: ROOT_URL. The model is the
+tool model (Qwen2.5-Coder 0.5B Instruct, whose template reads `tools`).
+Prints "ok" or fails loudly."""
+import json, os, subprocess, sys, tempfile
+from openai import OpenAI
+
+root = sys.argv[1]
+api = root + "/v1"
+client = OpenAI(base_url=api, api_key="unused", max_retries=0)
+weather = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city"]}}}
+clock = {"type": "function", "function": {
+    "name": "get_time", "description": "The time now in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def check_call(call, name="get_weather"):
+    assert call.type == "function" and call.id.startswith("call_"), call
+    assert call.function.name == name, call
+    args = json.loads(call.function.arguments)
+    assert args["city"] == "Paris", args
+    if "unit" in args:
+        assert args["unit"] in ("celsius", "fahrenheit"), args
+    return args
+
+
+# A call: content null, the call's arguments a JSON string, finish tool_calls.
+c = client.chat.completions.create(model="m", messages=ask, tools=[weather], temperature=0, max_tokens=64)
+m = c.choices[0].message
+assert c.choices[0].finish_reason == "tool_calls", c
+assert m.content is None and len(m.tool_calls) == 1, m
+first = check_call(m.tool_calls[0])
+
+# Streamed: the SDK's stream helper joins the pieces into the same call.
+with client.chat.completions.stream(model="m", messages=ask, tools=[weather], temperature=0,
+                                    max_tokens=64) as stream:
+    for _ in stream:
+        pass
+    final = stream.get_final_completion()
+streamed = final.choices[0].message.tool_calls
+assert final.choices[0].finish_reason == "tool_calls", final
+assert len(streamed) == 1 and json.loads(streamed[0].function.arguments) == first, streamed
+
+# The second turn: the call and the tool's answer go back, and the model,
+# asked for words (`none`: this small model would call again), answers from it.
+turn = ask + [
+    {"role": "assistant", "content": None, "tool_calls": [m.tool_calls[0].model_dump()]},
+    {"role": "tool", "tool_call_id": m.tool_calls[0].id, "content": json.dumps({"temperature": 21, "sky": "clear"})},
+]
+c = client.chat.completions.create(model="m", messages=turn, tools=[weather], temperature=0, max_tokens=64,
+                                   tool_choice="none")
+said = c.choices[0].message
+assert c.choices[0].finish_reason == "stop" and said.tool_calls is None, c
+assert "21" in said.content, said.content
+
+# `required`, and a named tool among two: always that call.
+c = client.chat.completions.create(model="m", messages=ask, tools=[clock, weather], temperature=0,
+                                   max_tokens=64, tool_choice="required")
+assert c.choices[0].finish_reason == "tool_calls", c
+named = {"type": "function", "function": {"name": "get_time"}}
+c = client.chat.completions.create(model="m", messages=ask, tools=[clock, weather], temperature=0,
+                                   max_tokens=64, tool_choice=named)
+check_call(c.choices[0].message.tool_calls[0], "get_time")
+# `none`: words, whatever they say.
+c = client.chat.completions.create(model="m", messages=ask, tools=[weather], temperature=0,
+                                   max_tokens=64, tool_choice="none")
+assert c.choices[0].finish_reason == "stop" and c.choices[0].message.tool_calls is None, c
+assert c.choices[0].message.content, c
+
+# A name not among the tools: a 400 that names the field.
+try:
+    client.chat.completions.create(model="m", messages=ask, tools=[weather],
+                                   tool_choice={"type": "function", "function": {"name": "get_stock"}})
+    raise AssertionError("an unknown tool_choice was answered")
+except Exception as e:
+    assert getattr(e, "status_code", None) == 400 and "tool_choice" in str(e), e
+
+# LangChain: bind_tools, the call run, and its result answered from.
+from langchain_core.messages import HumanMessage, ToolMessage
+from langchain_core.tools import tool
+from langchain_openai import ChatOpenAI
+
+
+@tool
+def get_weather(city: str) -> str:
+    """Get the current weather in a city"""
+    return json.dumps({"city": city, "temperature": 21, "sky": "clear"})
+
+
+chat = ChatOpenAI(base_url=api, api_key="unused", model="m", temperature=0, max_tokens=64, max_retries=0)
+bound = chat.bind_tools([get_weather])
+history = [HumanMessage("What is the weather in Paris?")]
+reply = bound.invoke(history)
+assert reply.tool_calls and reply.tool_calls[0]["name"] == "get_weather", reply
+assert reply.tool_calls[0]["args"]["city"] == "Paris", reply.tool_calls
+history += [reply, ToolMessage(get_weather.invoke(reply.tool_calls[0]["args"]),
+                               tool_call_id=reply.tool_calls[0]["id"])]
+answer = chat.invoke(history)
+assert not answer.tool_calls and "21" in answer.content, answer
+
+# `llm`: an OpenAI-compatible model with a Python function as its tool.
+with tempfile.TemporaryDirectory() as home:
+    with open(os.path.join(home, "extra-openai-models.yaml"), "w") as f:
+        f.write(f"- model_id: cmpl\n  model_name: m\n  api_base: {api}\n  supports_tools: true\n")
+    env = dict(os.environ, LLM_USER_PATH=home, OPENAI_API_KEY="unused")
+    code = ("def get_weather(city: str) -> str:\n"
+            "    \"Get the current weather in a city\"\n"
+            "    return '{\"temperature\": 21, \"sky\": \"clear\"}'\n")
+    out = subprocess.run([sys.executable, "-m", "llm", "-m", "cmpl", "--functions", code, "--td",
+                          "-o", "temperature", "0", "-o", "max_tokens", "64", "--no-stream",
+                          "What is the weather in Paris?"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    # llm read the call, ran the function and sent its answer back (--td
+    # shows both); what the model said next is this small model's own.
+    assert out.returncode == 0, out.stderr
+    assert "Tool call: get_weather({'city': 'Paris'" in out.stderr, (out.stdout, out.stderr)
+    assert '"temperature": 21' in out.stderr, (out.stdout, out.stderr)
+
+print("ok")
