@@ -27,6 +27,10 @@ complete -c cmpl -l chat -d 'Instruct models: the prompt becomes one user messag
 false\t''"
 complete -c cmpl -l system -d 'A system message before the prompt (implies --chat)' -r
 complete -c cmpl -l chat-template -d 'The Jinja chat template in FILE instead of the model\'s own, for a model without one (implies --chat)' -r -F
+complete -c cmpl -l tools -d 'Functions the answer may call: a JSON list of {"type": "function", "function": {"name", "description", "parameters"}} in FILE, shown to the model by its template (implies --chat). A call is constrained to the model\'s format and the tool\'s schema (docs/chat.md)' -r -F
+complete -c cmpl -l tool-choice -d 'With --tools: auto (the model chooses), none, required (at least one call), or a tool\'s name (a call of it) [default: auto]' -r
+complete -c cmpl -l parallel-tool-calls -d 'With --tools: more than one call in an answer [default: true]' -r -f -a "true\t''
+false\t''"
 complete -c cmpl -l request -d 'Read the JSON request from FILE (\'-\' for stdin)' -r -F
 complete -c cmpl -l prompt-file -d 'Read the prompt as plain text from FILE (\'-\' for stdin)' -r -F
 complete -c cmpl -l batch -d 'Answer a JSON Lines file of requests (stdin without FILE), one JSON line out per line in, in order, decoding the requests together. Exit 1 if any line failed. Lines with "stream": true get a whole response' -r -F

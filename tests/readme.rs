@@ -77,6 +77,10 @@ fn fixtures(dir: &Path) {
             "{\"prompt\": \"The capital of France is\", \"max_tokens\": 8}\n{\"prompt\": \"1, 2, 3,\", \"max_tokens\": 8}\n",
         ),
         (
+            "tools.json",
+            r#"[{"type": "function", "function": {"name": "get_weather", "description": "Get the current weather in a city", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]"#,
+        ),
+        (
             "in.jsonl",
             "{\"prompt\": \"Once upon a time\", \"max_tokens\": 8}\n{\"prompt\": \"def add(a, b):\", \"max_tokens\": 8}\n",
         ),

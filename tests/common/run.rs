@@ -38,6 +38,18 @@ pub fn second_model_path() -> PathBuf {
     path
 }
 
+/// The tool-call model, Qwen2.5-Coder 0.5B Instruct, whose template reads
+/// `tools` (scripts/fetch-model --test-models).
+pub fn tool_model_path() -> PathBuf {
+    let path = model_path().with_file_name("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    assert!(
+        path.is_file(),
+        "the tool model is missing at {}: run scripts/fetch-model --test-models",
+        path.display()
+    );
+    path
+}
+
 /// One cmpl process, started the way every test starts it: the test model
 /// as the default, no user config file, no NO_COLOR.
 pub struct Cmpl {

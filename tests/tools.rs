@@ -1,0 +1,160 @@
+//! Tool calls on the tool model (Qwen2.5-Coder 0.5B Instruct, real weights,
+//! its own template): the SDKs' tools through the chat endpoint, a call on
+//! the command line in text and JSON, and bad tools refused by field.
+
+mod common;
+use common::run::{cmpl, second_model_path, tool_model_path};
+use common::served::Served;
+use serde_json::{json, Value};
+
+fn weather() -> Value {
+    json!([{"type": "function", "function": {
+        "name": "get_weather", "description": "Get the current weather in a city",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+            "required": ["city"]}}}])
+}
+
+fn tools_file(dir: &tempfile::TempDir, tools: &Value) -> String {
+    let path = dir.path().join("tools.json");
+    std::fs::write(&path, tools.to_string()).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn the_sdks_call_tools_through_the_chat_endpoint() {
+    let model = tool_model_path().display().to_string();
+    let served = Served::start(&["-m", &model], &[]);
+    common::sdk::python_script("tool_clients.py", &[&served.root()]);
+}
+
+#[test]
+fn a_call_on_the_command_line_is_one_json_line_and_tool_calls_in_json() {
+    let model = tool_model_path().display().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let tools = tools_file(&dir, &weather());
+    let ask = ["-m", &model, "--tools", &tools, "--temperature", "0"];
+    let out = cmpl(&ask).args(["What is the weather in Paris?"]).run();
+    assert_eq!(
+        out.ok(),
+        "{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Paris\",\"unit\":\"celsius\"}}\n"
+    );
+    // `none`: the tools shown, the answer in words, as it comes.
+    let out = cmpl(&ask)
+        .args(["--tool-choice", "none", "--max-tokens", "24"])
+        .args(["Write a haiku about the sea."])
+        .run();
+    assert_eq!(
+        out.ok(),
+        "Sea whispers,\nWhispers of the sea,\nWhispers of the sea."
+    );
+    // --json: the text as the model wrote it, and the calls it reads as.
+    let out = cmpl(&ask)
+        .args(["--json", "--tool-choice", "get_weather"])
+        .args(["What is the weather in Paris?"])
+        .run();
+    let v = out.json();
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    let call = &choice["tool_calls"][0];
+    assert_eq!(call["type"], "function");
+    assert_eq!(call["index"], 0);
+    assert!(call["id"].as_str().unwrap().starts_with("call_"), "{call}");
+    assert_eq!(call["function"]["name"], "get_weather");
+    let args: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args["city"], "Paris");
+    common::schema::assert_valid("CompletionResponse", &v);
+    // A JSON request with messages and tools on stdin: the same call.
+    let request = json!({"messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+        "tools": weather(), "tool_choice": "required", "temperature": 0});
+    let out = cmpl(&["-m", &model, "--json"])
+        .stdin(request.to_string())
+        .run();
+    assert_eq!(
+        out.json()["choices"][0]["tool_calls"][0]["function"]["name"],
+        "get_weather"
+    );
+    // Through a resident, the same line, the second time from the warm model.
+    let runtime = tempfile::tempdir().unwrap();
+    for _ in 0..2 {
+        let out = cmpl(&ask)
+            .args(["--keep-alive", "60s", "What is the weather in Paris?"])
+            .env("XDG_RUNTIME_DIR", runtime.path())
+            .run();
+        assert!(
+            out.ok().starts_with("{\"name\": \"get_weather\""),
+            "{}",
+            out.stdout
+        );
+    }
+    cmpl(&["--stop-resident", "all"])
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .run()
+        .ok();
+    // An OpenAI batch line for the chat endpoint: the call in its response.
+    let line = json!({"custom_id": "w", "method": "POST", "url": "/v1/chat/completions",
+        "body": {"model": "m", "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+                 "tools": weather(), "temperature": 0}});
+    let out = cmpl(&["-m", &model, "--batch"])
+        .stdin(line.to_string())
+        .run();
+    let v: Value = serde_json::from_str(out.ok().trim()).unwrap();
+    let body = &v["response"]["body"];
+    assert_eq!(body["choices"][0]["finish_reason"], "tool_calls", "{v}");
+    assert_eq!(body["choices"][0]["message"]["content"], Value::Null, "{v}");
+    assert_eq!(
+        body["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
+        "get_weather"
+    );
+}
+
+#[test]
+fn bad_tools_are_refused_by_the_field_that_holds_them() {
+    let model = tool_model_path().display().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let run = |tools: &Value, extra: &[&str]| {
+        let file = tools_file(&dir, tools);
+        cmpl(&["-m", &model, "--tools", &file, "hi"])
+            .args(extra)
+            .run()
+    };
+    run(&weather(), &["--tool-choice", "get_stock"]).fails(
+        2,
+        "`tool_choice` names \"get_stock\", which is not among the tools: get_weather",
+    );
+    let bad_schema = json!([{"type": "function", "function": {"name": "f",
+        "parameters": {"type": "object", "properties": {"a": {"type": "string", "pattern": "("}}}}}]);
+    run(&bad_schema, &[]).fails(
+        2,
+        "`tools[0].function.parameters` (f) is a JSON Schema that cannot be enforced",
+    );
+    run(
+        &json!([{"type": "function", "function": {"name": "no spaces"}}]),
+        &[],
+    )
+    .fails(2, "`tools[0].function.name` must be 1 to 64 letters");
+    let many: Vec<Value> = (0..129)
+        .map(|i| json!({"type": "function", "function": {"name": format!("f{i}")}}))
+        .collect();
+    run(&json!(many), &[]).fails(2, "has 129 tools; a request offers at most 128");
+    run(&weather(), &["--json-object"]).fails(2, "one constraint per request");
+    // A template that never reads `tools` would drop them: said, with the fix.
+    let smol = second_model_path().display().to_string();
+    let file = tools_file(&dir, &weather());
+    cmpl(&["-m", &smol, "--tools", &file, "hi"])
+        .run()
+        .fails(2, "the chat template ignores `tools`");
+    // On the server: a 400 that names the field.
+    let served = Served::start(&["-m", &model], &[]);
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "tools": weather(),
+        "tool_choice": {"type": "function", "function": {"name": "get_stock"}}});
+    let (status, text) = served.send("POST", "/v1/chat/completions", &body.to_string(), None);
+    assert_eq!(status, 400, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["error"]["param"], "tool_choice.function.name", "{v}");
+    let body = json!({"messages": [{"role": "tool", "content": "21", "tool_calls": []}]});
+    let (status, text) = served.send("POST", "/v1/chat/completions", &body.to_string(), None);
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("belongs to an assistant's message"), "{text}");
+}
