@@ -60,6 +60,11 @@ pub fn run(inv: &Invocation, config: &Config, json: &mut bool) -> Result<()> {
     let tty = stdout.is_terminal();
     let color = inv.color.enabled(tty);
     let mut printer = Printer::new(stdout.lock(), 0, format, header, &request, tty, color);
+    // Reasoning on stderr, dimmed as the colour setting has stderr coloured.
+    let stderr_tty = std::io::stderr().is_terminal();
+    if inv.reasoning.shown(stderr_tty) {
+        printer = printer.show_reasoning(inv.color.enabled(stderr_tty));
+    }
     let opts = RunOptions {
         parallel: None,
         ctx_size: inv.runtime.ctx_size,

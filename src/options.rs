@@ -80,6 +80,26 @@ impl Color {
     }
 }
 
+/// Where text mode shows a thinking model's reasoning (`--reasoning`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Reasoning {
+    /// On stderr when stderr is a terminal (a person watching), else nowhere.
+    #[default]
+    Auto,
+    Show,
+    Hide,
+}
+
+impl Reasoning {
+    pub fn shown(self, stderr_tty: bool) -> bool {
+        match self {
+            Reasoning::Show => true,
+            Reasoning::Hide => false,
+            Reasoning::Auto => stderr_tty,
+        }
+    }
+}
+
 /// A command line, resolved.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Invocation {
@@ -91,6 +111,7 @@ pub struct Invocation {
     /// Answer in the API's JSON (`--json`; a JSON request or batch is JSON anyway).
     pub json: bool,
     pub color: Color,
+    pub reasoning: Reasoning,
 }
 
 /// Where `--serve` listens without an address.

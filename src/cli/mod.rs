@@ -10,7 +10,7 @@ mod values;
 pub use resolve::CONFIG_RUNTIME_KEYS;
 
 use crate::generate::Kind;
-use crate::options::Color;
+use crate::options::{Color, Reasoning};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{ArgAction, Parser};
 use std::path::PathBuf;
@@ -238,6 +238,22 @@ pub struct Cli {
     #[arg(long, value_name = "BOOL", help_heading = "Chat")]
     pub parallel_tool_calls: Option<bool>,
 
+    /// A thinking model reasons before it answers: the template's
+    /// enable_thinking (the default; implies --chat). The reasoning is kept
+    /// apart from the answer (--reasoning; reasoning_content in JSON).
+    #[arg(long, overrides_with = "no_think", help_heading = "Chat")]
+    pub think: bool,
+
+    /// A thinking model answers without reasoning (enable_thinking false,
+    /// or its reasoning closed at once; implies --chat).
+    #[arg(long, overrides_with = "think", help_heading = "Chat")]
+    pub no_think: bool,
+
+    /// At most N thinking tokens: then the reasoning's close is forced and
+    /// the answer begins, as llama.cpp's --reasoning-budget (implies --chat).
+    #[arg(long, value_name = "N", help_heading = "Chat")]
+    pub reasoning_budget: Option<u32>,
+
     /// Print the API's JSON: one CompletionResponse, or SSE chunks with --stream.
     #[arg(long, help_heading = "Input and output")]
     pub json: bool,
@@ -395,6 +411,23 @@ pub struct Cli {
         help_heading = "Input and output"
     )]
     pub color: Color,
+
+    /// Text mode: where a thinking model's reasoning goes. auto: to stderr,
+    /// dimmed, when stderr is a terminal (a person watching sees it think),
+    /// else nowhere (logs stay the answers'); show: to stderr always; hide:
+    /// nowhere. Stdout holds the answer alone either way.
+    #[arg(
+        long,
+        value_name = "WHEN",
+        default_value = "auto",
+        value_parser = PossibleValuesParser::new(["auto", "show", "hide"]).map(|w| match w.as_str() {
+            "show" => Reasoning::Show,
+            "hide" => Reasoning::Hide,
+            _ => Reasoning::Auto,
+        }),
+        help_heading = "Input and output"
+    )]
+    pub reasoning: Reasoning,
 
     /// List the models in the models folder and the hub cache with size, architecture and parameters.
     #[arg(long, help_heading = "Other")]

@@ -180,6 +180,7 @@ impl Cli {
             },
             json,
             color: self.color,
+            reasoning: self.reasoning,
             action,
         })
     }
@@ -279,6 +280,16 @@ impl Cli {
         put(
             fields::PARALLEL_TOOL_CALLS.name,
             self.parallel_tool_calls.map(Value::Bool),
+        );
+        let think = match (self.think, self.no_think) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        };
+        put(fields::THINK.name, think.map(Value::Bool));
+        put(
+            fields::REASONING_BUDGET.name,
+            self.reasoning_budget.map(|n| json!(n)),
         );
         if !self.logit_bias.is_empty() {
             let mut map = Map::new();

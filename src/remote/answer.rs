@@ -129,6 +129,7 @@ impl Accumulator {
                     seed: c.seed,
                     token,
                     text,
+                    reasoning: String::new(),
                     finish: None,
                     usage: None,
                 },
@@ -178,6 +179,7 @@ impl Accumulator {
                     seed: c.seed,
                     token,
                     text,
+                    reasoning: String::new(),
                     finish: Some(finish),
                     usage: Some(Counts {
                         prompt_tokens,
@@ -203,6 +205,7 @@ impl Accumulator {
                     text: c.text,
                     finish: c.finish.unwrap_or(crate::backend::Finish::Stop),
                     tokens: self.want_tokens.then_some(c.tokens),
+                    reasoning: None,
                 })
                 .collect(),
         };
@@ -251,6 +254,7 @@ impl Accumulator {
                         ..placeholder()
                     },
                     text: c.text.clone(),
+                    reasoning: String::new(),
                     finish: Some(c.finish),
                     usage: Some(Counts {
                         prompt_tokens: answer.usage.prompt_tokens,
@@ -278,6 +282,7 @@ impl Accumulator {
                     text: c.text,
                     finish: c.finish,
                     tokens: if self.want_tokens { c.tokens } else { None },
+                    reasoning: None,
                 })
                 .collect(),
         };

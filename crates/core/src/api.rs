@@ -56,6 +56,9 @@ impl Serialize for TopLogprobs {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Choice {
     pub text: String,
+    /// A thinking model's reasoning, apart from the answer in `text`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     pub index: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
@@ -137,6 +140,9 @@ pub struct ChunkToken {
 pub struct ChunkChoice {
     pub index: u32,
     pub text: String,
+    /// The reasoning this chunk adds (a thinking model's), beside `text`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// The contract's chat-style delta; left out for OpenAI's stream
     /// protocol (see `Request::openai_stream`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -148,6 +154,9 @@ pub struct ChunkDelta {
     pub role: &'static str,
     pub token_id: i32,
     pub content: String,
+    /// The contract's name for the reasoning a chunk adds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
 }
 
 /// Identity shared by a response or all chunks of one stream.
@@ -210,6 +219,9 @@ pub struct ChatMessage {
     pub role: &'static str,
     /// The answer; `null` where the answer is calls.
     pub content: Option<String>,
+    /// A thinking model's reasoning, apart from the answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
 }
@@ -277,6 +289,8 @@ pub struct ChatDelta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCallDelta>,
 }

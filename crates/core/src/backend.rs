@@ -67,6 +67,9 @@ pub enum Event<'a> {
         seed: Option<u64>,
         token: &'a TokenInfo,
         text: &'a str,
+        /// The reasoning that became final with it (a thinking model's:
+        /// see `reasoning`), apart from the answer's `text`.
+        reasoning: &'a str,
         /// Set on the choice's last token.
         finish: Option<Finish>,
         /// On the choice's last token: the prompt's tokens and the choice's own.
@@ -119,6 +122,8 @@ pub enum OwnedEvent {
         seed: Option<u64>,
         token: TokenInfo,
         text: String,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        reasoning: String,
         finish: Option<Finish>,
         usage: Option<Counts>,
     },
@@ -148,6 +153,7 @@ impl From<&Event<'_>> for OwnedEvent {
                 seed,
                 token,
                 text,
+                reasoning,
                 finish,
                 usage,
                 ..
@@ -156,6 +162,7 @@ impl From<&Event<'_>> for OwnedEvent {
                 seed: *seed,
                 token: (*token).clone(),
                 text: text.to_string(),
+                reasoning: reasoning.to_string(),
                 finish: *finish,
                 usage: *usage,
             },
@@ -186,6 +193,7 @@ impl OwnedEvent {
                 seed,
                 token,
                 text,
+                reasoning,
                 finish,
                 usage,
             } => sink(Event::Token {
@@ -194,6 +202,7 @@ impl OwnedEvent {
                 seed,
                 token: &token,
                 text: &text,
+                reasoning: &reasoning,
                 finish,
                 usage,
             }),
@@ -299,6 +308,10 @@ pub struct ChoiceResult {
     pub finish: Finish,
     /// With logprobs: every generated token, scored.
     pub tokens: Option<Vec<TokenInfo>>,
+    /// A thinking model's reasoning, apart from the answer in `text`
+    /// (`None` where the request had none).
+    #[serde(default)]
+    pub reasoning: Option<String>,
 }
 
 /// [`TokenInfo`] on a resident's wire.

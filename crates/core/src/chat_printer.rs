@@ -63,6 +63,7 @@ pub fn completion(
                 message: ChatMessage {
                     role: "assistant",
                     content: calls.is_none().then(|| c.text.clone()),
+                    reasoning_content: c.reasoning.clone(),
                     tool_calls: calls
                         .map_or_else(Vec::new, |calls| calls.into_iter().map(tool_call).collect()),
                 },
@@ -114,9 +115,13 @@ impl<W: Write> ChatWriter<W> {
                 choice,
                 token,
                 text,
+                reasoning,
                 finish,
                 ..
             } if self.stream => {
+                if !reasoning.is_empty() {
+                    self.send_reasoning(choice, reasoning)?;
+                }
                 if self.tools.is_some() && !self.held[choice as usize].words {
                     return self.hold(choice, token, text, finish);
                 }
@@ -213,12 +218,31 @@ impl<W: Write> ChatWriter<W> {
             delta: ChatDelta {
                 role: first.then_some("assistant"),
                 content: Some(text.to_string()),
+                reasoning_content: None,
                 tool_calls: Vec::new(),
             },
             logprobs: self.logprobs.then(|| ChatLogprobs {
                 content: tokens.iter().map(token_logprob).collect(),
             }),
             finish_reason: finish,
+        };
+        let chunk = self.chunk(vec![choice], None);
+        self.write_sse(&chunk)
+    }
+
+    /// A chunk of a thinking model's reasoning.
+    fn send_reasoning(&mut self, choice: u32, reasoning: &str) -> Result<()> {
+        let first = !std::mem::replace(&mut self.opened[choice as usize], true);
+        let choice = ChatChunkChoice {
+            index: choice,
+            delta: ChatDelta {
+                role: first.then_some("assistant"),
+                content: None,
+                reasoning_content: Some(reasoning.to_string()),
+                tool_calls: Vec::new(),
+            },
+            logprobs: None,
+            finish_reason: None,
         };
         let chunk = self.chunk(vec![choice], None);
         self.write_sse(&chunk)
@@ -236,6 +260,7 @@ impl<W: Write> ChatWriter<W> {
             delta: ChatDelta {
                 role: first.then_some("assistant"),
                 content: None,
+                reasoning_content: None,
                 tool_calls,
             },
             logprobs: None,
@@ -334,6 +359,7 @@ mod tests {
                 text: text.to_string(),
                 finish: Finish::Eos,
                 tokens: Some(vec![token("Hi"), token("!")]),
+                reasoning: None,
             }],
             drafts: Drafts::default(),
             reused: 0,
@@ -349,6 +375,7 @@ mod tests {
                 seed: None,
                 token: &t,
                 text,
+                reasoning: "",
                 finish: *finish,
                 usage: None,
             })

@@ -359,6 +359,24 @@ pub const PARALLEL_TOOL_CALLS: Field = Field {
     remote: [Refused; 3],
     doc: "More than one call in an answer (default true).",
 };
+pub const THINK: Field = Field {
+    name: "think",
+    group: Group::Chat,
+    kind: Kind::Boolean,
+    flag: Some("think"),
+    chat: InChat::AsIs,
+    remote: [Refused; 3],
+    doc: "Whether a thinking model reasons before its answer (the template's `enable_thinking`; default true; --no-think).",
+};
+pub const REASONING_BUDGET: Field = Field {
+    name: "reasoning_budget",
+    group: Group::Chat,
+    kind: Kind::Integer { min: 0, max: 1 << 20 },
+    flag: Some("reasoning-budget"),
+    chat: InChat::AsIs,
+    remote: [Refused; 3],
+    doc: "Thinking tokens at most: after them the reasoning's close is forced and the answer begins.",
+};
 pub const RESPONSE_FORMAT: Field = Field {
     name: "response_format",
     group: Group::Constraint,
@@ -413,6 +431,8 @@ pub const TABLE: &[Field] = &[
     TOOLS,
     TOOL_CHOICE,
     PARALLEL_TOOL_CALLS,
+    THINK,
+    REASONING_BUDGET,
     RESPONSE_FORMAT,
     STRUCTURED_OUTPUTS,
 ];

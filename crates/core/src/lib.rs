@@ -18,6 +18,7 @@ pub mod grammar;
 pub mod model;
 pub mod printer;
 pub mod random;
+pub mod reasoning;
 pub mod request;
 pub mod sandbox;
 pub mod stop;

@@ -46,6 +46,11 @@ pub struct Printer<W: Write> {
     tools: Option<Tools>,
     held: String,
     words: bool,
+    /// Text mode: a thinking model's reasoning goes to stderr (`Some`,
+    /// dimmed where true) or nowhere.
+    reasoning: Option<bool>,
+    /// Stderr is mid-line after reasoning.
+    reasoning_open: bool,
 }
 
 impl<W: Write> Printer<W> {
@@ -77,7 +82,35 @@ impl<W: Write> Printer<W> {
             tools: request.callable_tools().cloned(),
             held: String::new(),
             words: false,
+            reasoning: None,
+            reasoning_open: false,
         }
+    }
+
+    /// Text mode shows reasoning on stderr, dimmed where `dim`.
+    pub fn show_reasoning(mut self, dim: bool) -> Self {
+        self.reasoning = Some(dim);
+        self
+    }
+
+    /// Reasoning for stderr (nothing where hidden); once the answer comes,
+    /// the line it left open is ended.
+    fn think(&mut self, reasoning: &str, text: &str) {
+        use crossterm::style::Stylize;
+        let Some(dim) = self.reasoning else { return };
+        let mut err = std::io::stderr().lock();
+        if !reasoning.is_empty() {
+            let _ = match dim {
+                true => write!(err, "{}", reasoning.dim()),
+                false => err.write_all(reasoning.as_bytes()),
+            };
+            self.reasoning_open = !reasoning.ends_with('\n');
+        }
+        if !text.is_empty() && self.reasoning_open {
+            let _ = err.write_all(b"\n");
+            self.reasoning_open = false;
+        }
+        let _ = err.flush();
     }
 
     /// Prints what `event` adds to the output. A rejection is the caller's
@@ -85,6 +118,11 @@ impl<W: Write> Printer<W> {
     pub fn event(&mut self, event: Event) -> Result<()> {
         if event.job() != self.job {
             return Ok(());
+        }
+        if let (Format::Text, 1, Event::Token { reasoning, text, .. }) =
+            (self.format, self.n, &event)
+        {
+            self.think(reasoning, text);
         }
         match (self.format, event) {
             (
@@ -140,13 +178,21 @@ impl<W: Write> Printer<W> {
                     seed,
                     token,
                     text,
+                    reasoning,
                     finish,
                     usage,
                     ..
                 },
             ) => {
                 let usage = usage.map(|u| Usage::new(u.prompt_tokens, u.completion_tokens));
-                let chunk = self.chunk(choice, token, text, finish.map(reason), usage, seed);
+                let mut chunk = self.chunk(choice, token, text, finish.map(reason), usage, seed);
+                if !reasoning.is_empty() {
+                    let part = &mut chunk.choices[0];
+                    part.reasoning_content = Some(reasoning.to_string());
+                    if let Some(delta) = &mut part.delta {
+                        delta.reasoning = Some(reasoning.to_string());
+                    }
+                }
                 self.write_sse(&chunk)?;
             }
             (Format::Text, Event::Done { result, .. }) => self.write_choices(&result)?,
@@ -162,6 +208,7 @@ impl<W: Write> Printer<W> {
 
     /// After a successful run: the stream's end marker, the terminal's newline.
     pub fn finish(&mut self) -> Result<()> {
+        self.think("", "\n");
         if self.format == Format::Sse {
             self.out.write_all(b"data: [DONE]\n\n")?;
         }
@@ -172,6 +219,7 @@ impl<W: Write> Printer<W> {
 
     /// After an interruption or error: what was printed stays complete.
     pub fn abort(&mut self) {
+        self.think("", "\n");
         let _ = self.end_line();
         let _ = self.out.flush();
     }
@@ -253,6 +301,9 @@ impl<W: Write> Printer<W> {
             } else {
                 eprint!("{header}");
             }
+            if let Some(reasoning) = c.reasoning.as_deref().filter(|r| !r.is_empty()) {
+                self.think(reasoning, "\n");
+            }
             if self.echo {
                 let prompt = self.prompt.clone();
                 self.write_text(&prompt)?;
@@ -294,10 +345,12 @@ impl<W: Write> Printer<W> {
             choices: vec![ChunkChoice {
                 index: choice,
                 text: text.to_string(),
+                reasoning_content: None,
                 delta: (!self.openai_stream).then(|| ChunkDelta {
                     role: "assistant",
                     token_id: token.id,
                     content: text.to_string(),
+                    reasoning: None,
                 }),
             }],
             finish_reason: finish,
@@ -365,6 +418,7 @@ pub fn response(
                         })
                         .collect(),
                     text: c.text,
+                    reasoning_content: c.reasoning,
                 }
             })
             .collect(),

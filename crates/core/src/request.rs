@@ -4,6 +4,7 @@
 use crate::constraint::{self, Constraint};
 use crate::error::{CmplError, Result};
 use crate::fields::*;
+use crate::reasoning::{self, Reasoning};
 use crate::template::{self, Message, Specials};
 use crate::tools::{Choice, Format, Tools};
 use serde_json::{Map, Value};
@@ -180,6 +181,10 @@ pub struct Request {
     /// A guard model that must find the prompt and the answer safe
     /// (`safety_model`, run by the face: see `safety`).
     pub safety_model: Option<String>,
+    /// A rendered chat whose answer starts with the model's reasoning: the
+    /// engine splits it off and bounds it (see `reasoning`).
+    #[serde(default)]
+    pub reasoning: Option<Reasoning>,
 }
 
 /// What `--chat` (or a chat request) decodes from: the turns, rendered with
@@ -195,6 +200,12 @@ pub struct Chat {
     /// Functions the answer may call (`tools`, `tool_choice`).
     #[serde(default)]
     pub tools: Option<Tools>,
+    /// `think`: the template's `enable_thinking` (`None`: its default).
+    #[serde(default)]
+    pub think: Option<bool>,
+    /// `reasoning_budget`: thinking tokens before the close is forced.
+    #[serde(default)]
+    pub reasoning_budget: Option<u32>,
 }
 
 impl Request {
@@ -297,6 +308,7 @@ impl Request {
                 .get(SAFETY_MODEL.name)
                 .map(|v| string(v, SAFETY_MODEL.name))
                 .transpose()?,
+            reasoning: None,
         })
     }
 }
@@ -328,6 +340,8 @@ fn chat(raw: &RawRequest, prompt: &str, messages: Option<Vec<Message>>) -> Resul
         (SYSTEM.name, system.is_some()),
         (CHAT_TEMPLATE.name, template.is_some()),
         (TOOLS.name, raw.get(TOOLS.name).is_some()),
+        (THINK.name, raw.get(THINK.name).is_some()),
+        (REASONING_BUDGET.name, raw.get(REASONING_BUDGET.name).is_some()),
     ];
     let implied = implied
         .iter()
@@ -354,6 +368,8 @@ fn chat(raw: &RawRequest, prompt: &str, messages: Option<Vec<Message>>) -> Resul
         template,
         rendered: false,
         tools: None,
+        think: boolean(raw, THINK.name)?,
+        reasoning_budget: integer(raw, &REASONING_BUDGET)?.map(|v| v as u32),
     }))
 }
 
@@ -549,7 +565,8 @@ impl Request {
         let Some(chat) = &mut self.chat else {
             return Ok(());
         };
-        let job = template::Job::new(source, &chat.messages, specials, limit);
+        let job = template::Job::new(source, &chat.messages, specials, limit)
+            .thinking(chat.think.unwrap_or(true));
         let rendered = match &chat.tools {
             None => crate::sandbox::render(&job)?,
             Some(tools) => {
@@ -576,7 +593,11 @@ impl Request {
                 self.stop.push(end);
             }
         }
-        self.prompt = rendered.prompt;
+        let (think, budget) = (chat.think, chat.reasoning_budget);
+        let (opened, reasoning) =
+            reasoning::begin(reasoning::tags_of(source), &rendered.prompt, think, budget)?;
+        self.prompt = rendered.prompt + &opened;
+        self.reasoning = reasoning;
         if let Some(chat) = &mut self.chat {
             chat.rendered = true;
         }

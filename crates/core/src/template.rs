@@ -68,6 +68,14 @@ pub struct Job {
     /// The template's `tools` variable, as `transformers` passes it.
     #[serde(default)]
     pub tools: Option<serde_json::Value>,
+    /// The template's `enable_thinking` (Qwen3's, SmolLM3's): true unless
+    /// the request says `think`: false.
+    #[serde(default = "yes")]
+    pub enable_thinking: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Job {
@@ -79,6 +87,15 @@ impl Job {
             eos: specials.eos.to_string(),
             limit,
             tools: None,
+            enable_thinking: true,
+        }
+    }
+
+    /// The same render with `enable_thinking` set.
+    pub fn thinking(self, enable_thinking: bool) -> Job {
+        Job {
+            enable_thinking,
+            ..self
         }
     }
 
@@ -112,7 +129,7 @@ pub fn render_here(job: &Job) -> Result<Rendered> {
         &job.messages,
         job.tools.as_ref(),
         specials,
-        true,
+        (true, job.enable_thinking),
         job.limit,
     )?;
     Ok(Rendered {
@@ -124,7 +141,7 @@ pub fn render_here(job: &Job) -> Result<Rendered> {
 fn end_of_turn(source: &str, specials: Specials) -> Option<String> {
     const MARK: &str = "\u{e000}cmpl-answer\u{e000}";
     let turns = [Message::new("user", "Hi"), Message::new("assistant", MARK)];
-    let text = render_with(source, &turns, None, specials, false, 64 << 10).ok()?;
+    let text = render_with(source, &turns, None, specials, (false, true), 64 << 10).ok()?;
     let (_, after) = text.split_once(MARK)?;
     let end = after.split_whitespace().next()?;
     (!end.contains('\u{e000}')).then(|| end.to_string())
@@ -154,7 +171,7 @@ fn render_with(
     messages: &[Message],
     tools: Option<&serde_json::Value>,
     specials: Specials,
-    generation_prompt: bool,
+    (generation_prompt, enable_thinking): (bool, bool),
     limit: usize,
 ) -> Result<String> {
     let mut env = Environment::new();
@@ -181,6 +198,7 @@ fn render_with(
         messages => messages,
         tools => tools,
         add_generation_prompt => generation_prompt,
+        enable_thinking => enable_thinking,
         bos_token => specials.bos,
         eos_token => specials.eos,
     };

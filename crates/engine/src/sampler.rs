@@ -7,7 +7,7 @@ use cmpl_core::error::Result;
 use cmpl_core::request::Sampling;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::token::LlamaToken;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 /// Draws each token of one choice.
 pub struct SamplerChain {
@@ -21,6 +21,12 @@ pub struct SamplerChain {
     /// refuses it, the next likeliest (greedy) or a few more draws
     /// (sampled) are checked, and only then is the vocabulary masked.
     guide: Option<Guide>,
+    /// The constraint of a choice that thinks first: it applies from the
+    /// answer's first token (`answer_begins`).
+    deferred: Option<Guide>,
+    /// Tokens drawn next whatever the logits say: a reasoning's close
+    /// forced once its budget is spent.
+    forced: VecDeque<LlamaToken>,
     /// The logits with the refused tokens at -inf.
     masked: Vec<f32>,
 }
@@ -33,7 +39,8 @@ enum Draw {
 }
 
 impl SamplerChain {
-    pub fn new(s: &Sampling, seed: u32, guide: Option<Guide>) -> SamplerChain {
+    /// `thinking`: the choice reasons first, and `guide` waits for its answer.
+    pub fn new(s: &Sampling, seed: u32, guide: Option<Guide>, thinking: bool) -> SamplerChain {
         let draw = if s.temperature == 0.0 {
             Draw::Greedy
         } else {
@@ -44,12 +51,30 @@ impl SamplerChain {
             };
             Draw::Temperature(TemperatureDraw::new(s.temperature, truncation, seed))
         };
+        let (guide, deferred) = match thinking {
+            true => (None, guide),
+            false => (guide, None),
+        };
         SamplerChain {
             draw,
             adjust: Adjust::new(s),
             guide,
+            deferred,
+            forced: VecDeque::new(),
             masked: Vec::new(),
         }
+    }
+
+    /// The reasoning closed: the constraint applies from here.
+    pub fn answer_begins(&mut self) {
+        if let Some(guide) = self.deferred.take() {
+            self.guide = Some(guide);
+        }
+    }
+
+    /// Draws `tokens` next, in order, whatever the model would.
+    pub fn force(&mut self, tokens: &[LlamaToken]) {
+        self.forced.extend(tokens);
     }
 
     /// Tokens already seen (the prompt), for the penalties.
@@ -62,12 +87,19 @@ impl SamplerChain {
     /// Draws from output `idx` of the last decode and records the token.
     /// An error only where the constraint fails mid-answer.
     pub fn sample(&mut self, ctx: &LlamaContext, idx: i32) -> Result<LlamaToken> {
+        if let Some(token) = self.forced.pop_front() {
+            if let Some(adjust) = &mut self.adjust {
+                adjust.accept(token);
+            }
+            return Ok(token);
+        }
         let raw = ctx.get_logits_ith(idx);
         let SamplerChain {
             draw,
             adjust,
             guide,
             masked,
+            ..
         } = self;
         let mask_first = guide.as_ref().is_some_and(|g| g.mask_first);
         let mut token = match (&mut *adjust, &mut *draw) {
@@ -106,6 +138,9 @@ impl SamplerChain {
     /// (at most `max` tokens, those it takes); empty without a constraint
     /// or where it leaves a choice.
     pub fn forced_draft(&mut self, tokenize: impl Fn(&[u8]) -> Vec<i32>, max: usize) -> Vec<i32> {
+        if !self.forced.is_empty() {
+            return self.forced.iter().take(max).map(|t| t.0).collect();
+        }
         let Some(guide) = &mut self.guide else {
             return Vec::new();
         };

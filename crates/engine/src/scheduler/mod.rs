@@ -15,6 +15,7 @@ use super::prefix::PrefixIndex;
 use super::{sampler, Engine, Job};
 use cmpl_core::backend::{ChoiceResult, Drafts, Event, Sink, TokenInfo};
 use cmpl_core::error::{CmplError, ErrorKind, Result};
+use cmpl_core::reasoning::Thought;
 use cmpl_core::stop::StopMatcher;
 use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::context::LlamaContext;
@@ -45,6 +46,11 @@ struct ChoiceState {
     /// This step's draft is the text its constraint forces, not the
     /// drafter's (whose evidence it must not change).
     forced: bool,
+    /// A thinking model's choice: its reasoning told from its answer, the
+    /// tokens that close it when its budget is spent, and the reasoning so far.
+    thought: Option<Thought>,
+    close: Vec<LlamaToken>,
+    reasoning: String,
 }
 
 struct JobState {

@@ -8,6 +8,7 @@ use crate::prefix::Source;
 use crate::{guide, sampler, Job};
 use cmpl_core::backend::{Event, Sink, TokenInfo};
 use cmpl_core::error::{CmplError, Result};
+use cmpl_core::reasoning::Thought;
 use cmpl_core::stop::StopMatcher;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
@@ -416,12 +417,26 @@ impl Run<'_> {
         let temperature = f64::from(job.request.sampling.temperature);
         let drafter =
             (lookup > 0).then(|| Drafter::with_history(&history, &ids, lookup, temperature));
+        let reasoning = job.request.reasoning.as_ref();
+        let close = reasoning.map_or_else(Vec::new, |r| {
+            let vocab = self.engine.model.vocab();
+            vocab.tokenize(r.forced_close().as_bytes(), false, true)
+        });
         let mut choices = Vec::with_capacity(n as usize);
         for (i, &seq) in seqs.iter().enumerate() {
             let guide = job.guide.as_ref().map(guide::Compiled::guide);
-            let mut sampler =
-                sampler::SamplerChain::new(&job.request.sampling, job.seeds[i], guide);
+            let mut sampler = sampler::SamplerChain::new(
+                &job.request.sampling,
+                job.seeds[i],
+                guide,
+                reasoning.is_some(),
+            );
             sampler.accept_many(&job.tokens);
+            let mut thought = reasoning.map(Thought::new);
+            if thought.as_mut().is_some_and(Thought::due) {
+                // A budget of none: the answer at once.
+                sampler.force(&close);
+            }
             choices.push(ChoiceState {
                 job: index,
                 index: i as u32,
@@ -436,6 +451,9 @@ impl Run<'_> {
                 tokens: Vec::new(),
                 drafter: drafter.clone(),
                 forced: false,
+                thought,
+                close: close.clone(),
+                reasoning: String::new(),
             });
         }
         let started = sink(Event::Started {

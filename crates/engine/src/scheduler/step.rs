@@ -291,23 +291,49 @@ impl Run<'_> {
         }
         c.generated += 1;
         let vocab = self.engine.model.vocab();
-        let (text, finish) = if vocab.is_eog(token) {
+        let eog = vocab.is_eog(token);
+        // A thinking choice's text goes to its reasoning until the close
+        // (special tokens written out, so that a close of one token shows),
+        // then to its answer; stop sequences apply to the answer.
+        let mut reasoning = String::new();
+        let answer = match c.thought.as_mut().filter(|t| !t.closed()) {
+            Some(thought) if eog => {
+                reasoning = thought.finish();
+                Vec::new()
+            }
+            Some(thought) => {
+                let split = thought.push(&vocab.token_to_piece(token, true, None));
+                reasoning = split.reasoning;
+                if thought.closed() {
+                    c.sampler.answer_begins();
+                } else if thought.due() {
+                    c.sampler.force(&c.close);
+                }
+                split.answer
+            }
+            None if eog => Vec::new(),
+            None => vocab.token_to_piece(token, false, None),
+        };
+        let (text, finish) = if eog {
             (c.matcher.finish(), Some(end))
         } else {
-            let bytes = vocab.token_to_piece(token, false, None);
-            let released = c.matcher.push(&bytes);
+            let released = c.matcher.push(&answer);
             if released.stopped {
                 (released.text, Some(Finish::Stop))
             } else if c.sampler.complete() {
                 // The constraint is satisfied and nothing may follow.
                 (released.text + &c.matcher.finish(), Some(Finish::Stop))
             } else if c.generated >= budget {
+                if let Some(thought) = &mut c.thought {
+                    reasoning.push_str(&thought.finish());
+                }
                 (released.text + &c.matcher.finish(), Some(Finish::Length))
             } else {
                 (released.text, None)
             }
         };
         c.text.push_str(&text);
+        c.reasoning.push_str(&reasoning);
         let state = self
             .states
             .get_mut(&c.job)
@@ -319,6 +345,7 @@ impl Run<'_> {
             seed: Some(u64::from(c.seed)),
             token: &info,
             text: &text,
+            reasoning: &reasoning,
             finish,
             usage: finish.map(|_| Counts {
                 prompt_tokens: state.job.tokens.len() as u32,
@@ -352,6 +379,7 @@ impl Run<'_> {
             text: std::mem::take(&mut c.text),
             finish: reason,
             tokens: logprobs.map(|_| std::mem::take(&mut c.tokens)),
+            reasoning: c.thought.is_some().then(|| std::mem::take(&mut c.reasoning)),
         });
         state.running -= 1;
         if state.running == 0 {

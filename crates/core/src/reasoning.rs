@@ -1,0 +1,379 @@
+//! Thinking models: the reasoning a chat's answer starts with, told apart
+//! from the answer as it comes, and its close forced once a budget of
+//! thinking tokens is spent (as llama.cpp's `--reasoning-budget`).
+//!
+//! A template shows how its model thinks by the tags it writes around an
+//! assistant's reasoning; the generation prompt it renders says whether
+//! the turn opens thinking (DeepSeek-R1's distillations), closes it at
+//! once (Qwen3 and SmolLM3 with `enable_thinking` false), or leaves the
+//! model to open it (Qwen3 thinking): cmpl then opens it itself, so that
+//! every choice starts in its reasoning and the split never guesses.
+
+use crate::error::{CmplError, Result};
+use crate::fields::{REASONING_BUDGET, THINK};
+use serde::{Deserialize, Serialize};
+
+/// The opening and closing text of a model family's reasoning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tags {
+    pub open: &'static str,
+    pub close: &'static str,
+}
+
+/// The families' tags, as their templates write them: `<think>` (Qwen3,
+/// DeepSeek-R1, SmolLM3), `[THINK]` (Mistral's Magistral), and gpt-oss's
+/// analysis channel, which its final channel closes.
+pub const TAGS: [Tags; 3] = [
+    Tags {
+        open: "<think>",
+        close: "</think>",
+    },
+    Tags {
+        open: "[THINK]",
+        close: "[/THINK]",
+    },
+    Tags {
+        open: "<|channel|>analysis<|message|>",
+        close: "<|end|><|start|>assistant<|channel|>final<|message|>",
+    },
+];
+
+/// The tags a template writes around reasoning, if it shows any. gpt-oss's
+/// template writes the channel's name apart from its markers.
+pub fn tags_of(template: &str) -> Option<Tags> {
+    let shows = |t: &Tags| match t.open.strip_prefix("<|channel|>") {
+        Some(_) => template.contains("<|channel|>") && template.contains("analysis"),
+        None => template.contains(t.open) && template.contains(t.close),
+    };
+    TAGS.into_iter().find(shows)
+}
+
+/// A choice's reasoning as the engine runs it: the text that closes it and
+/// how many thinking tokens it may take.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reasoning {
+    pub close: String,
+    pub budget: Option<u32>,
+}
+
+impl Reasoning {
+    /// The text a spent budget writes: the close on a line of its own and
+    /// the blank line the families put before their answers.
+    pub fn forced_close(&self) -> String {
+        format!("\n{}\n\n", self.close)
+    }
+}
+
+/// Where a rendered chat prompt leaves reasoning: what to add to the
+/// prompt, and the reasoning the answer then starts with (`None`: the
+/// answer is all answer). `think` is the request's `think` (`None`: the
+/// template's default, which is to think); `budget` its `reasoning_budget`.
+pub fn begin(
+    tags: Option<Tags>,
+    prompt: &str,
+    think: Option<bool>,
+    budget: Option<u32>,
+) -> Result<(String, Option<Reasoning>)> {
+    let Some(tags) = tags else {
+        let asked = match (think, budget) {
+            (_, Some(_)) => Some(REASONING_BUDGET.name),
+            (Some(true), _) => Some(THINK.name),
+            _ => None,
+        };
+        return match asked {
+            Some(field) => Err(CmplError::invalid(
+                field,
+                format!("`{field}` applies to a model that thinks, and the chat template shows no reasoning (no <think>…</think>, [THINK]…[/THINK] or analysis channel): give a thinking model's template with --chat-template, or leave `{field}` out"),
+            )),
+            None => Ok((String::new(), None)),
+        };
+    };
+    let end = prompt.trim_end();
+    let opened = match (end.rfind(tags.open), end.rfind(tags.close)) {
+        (Some(o), Some(c)) => o > c,
+        (Some(_), None) => true,
+        _ => false,
+    };
+    let closed = !opened && end.ends_with(tags.close);
+    if think == Some(false) {
+        if budget.is_some() {
+            return Err(CmplError::invalid(
+                REASONING_BUDGET.name,
+                "`reasoning_budget` bounds thinking, and `think` is false: leave out one of them",
+            ));
+        }
+        let added = match (opened, closed) {
+            (_, true) => String::new(),
+            (true, false) => format!("\n\n{}\n\n", tags.close),
+            (false, false) => format!("{}\n\n{}\n\n", tags.open, tags.close),
+        };
+        return Ok((added, None));
+    }
+    if closed {
+        // The template closed the turn's thinking itself, asked or not.
+        return match (think, budget) {
+            (None, None) => Ok((String::new(), None)),
+            _ => Err(CmplError::invalid(
+                if budget.is_some() { REASONING_BUDGET.name } else { THINK.name },
+                "the chat template closes the reasoning before the answer (its generation prompt ends with the close), so the model cannot think here: give a template that lets it with --chat-template",
+            )),
+        };
+    }
+    let added = match opened {
+        true => String::new(),
+        false => format!("{}\n", tags.open),
+    };
+    let reasoning = Reasoning {
+        close: tags.close.to_string(),
+        budget,
+    };
+    Ok((added, Some(reasoning)))
+}
+
+/// A choice's text split as it comes into its reasoning and its answer.
+/// The reasoning is released as soon as it is known not to be the start of
+/// the close, without the blank lines around it; the answer, from the first
+/// byte after the close and its blank lines, as raw bytes (the stop matcher
+/// takes it from there).
+#[derive(Debug, Clone)]
+pub struct Thought {
+    close: Vec<u8>,
+    budget: Option<u32>,
+    /// Bytes not yet released: what may be the close's start, blank space
+    /// that may end the reasoning, a character cut between tokens.
+    held: Vec<u8>,
+    /// Some reasoning was released (leading blank space is dropped).
+    started: bool,
+    closed: bool,
+    /// Some answer was released (leading blank space is dropped).
+    answering: bool,
+    /// Thinking tokens so far.
+    pub spent: u32,
+    told: bool,
+}
+
+/// What one push released.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Split {
+    pub reasoning: String,
+    pub answer: Vec<u8>,
+}
+
+impl Thought {
+    pub fn new(reasoning: &Reasoning) -> Thought {
+        Thought {
+            close: reasoning.close.as_bytes().to_vec(),
+            budget: reasoning.budget,
+            held: Vec::new(),
+            started: false,
+            closed: false,
+            answering: false,
+            spent: 0,
+            told: false,
+        }
+    }
+
+    /// The reasoning has closed: what comes now is the answer.
+    pub fn closed(&self) -> bool {
+        self.closed
+    }
+
+    /// One token's text (special tokens written out, so that a close that
+    /// is one token is seen).
+    pub fn push(&mut self, piece: &[u8]) -> Split {
+        if self.closed {
+            return Split {
+                reasoning: String::new(),
+                answer: self.answer(piece),
+            };
+        }
+        self.spent += 1;
+        self.held.extend_from_slice(piece);
+        if let Some(at) = find(&self.held, &self.close) {
+            let rest = self.held.split_off(at + self.close.len());
+            self.held.truncate(at);
+            let reasoning = self.release(self.held.len(), true);
+            self.closed = true;
+            return Split {
+                reasoning,
+                answer: self.answer(&rest),
+            };
+        }
+        // Keep back what may start the close, then blank space, then a
+        // character not yet whole.
+        let mut keep = self.held.len() - partial_suffix(&self.held, &self.close);
+        while keep > 0 && self.held[keep - 1].is_ascii_whitespace() {
+            keep -= 1;
+        }
+        keep = whole_chars(&self.held[..keep]);
+        Split {
+            reasoning: self.release(keep, false),
+            answer: Vec::new(),
+        }
+    }
+
+    /// Once, when the budget is spent and the reasoning still open: the
+    /// moment to force the close.
+    pub fn due(&mut self) -> bool {
+        let due = !self.closed && !self.told && self.budget.is_some_and(|b| self.spent >= b);
+        self.told |= due;
+        due
+    }
+
+    /// The reasoning held back at the choice's end (it ended thinking).
+    pub fn finish(&mut self) -> String {
+        match self.closed {
+            true => String::new(),
+            false => self.release(self.held.len(), true),
+        }
+    }
+
+    /// The first `n` held bytes as reasoning; `last`: the reasoning ends
+    /// there, so its trailing blank space goes.
+    fn release(&mut self, n: usize, last: bool) -> String {
+        let mut bytes: Vec<u8> = self.held.drain(..n).collect();
+        if !self.started {
+            let blank = bytes.iter().take_while(|b| b.is_ascii_whitespace()).count();
+            bytes.drain(..blank);
+            self.started = !bytes.is_empty();
+        }
+        if last {
+            while bytes.last().is_some_and(u8::is_ascii_whitespace) {
+                bytes.pop();
+            }
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    fn answer(&mut self, bytes: &[u8]) -> Vec<u8> {
+        let mut bytes = bytes;
+        if !self.answering {
+            let blank = bytes.iter().take_while(|b| b.is_ascii_whitespace()).count();
+            bytes = &bytes[blank..];
+            self.answering = !bytes.is_empty();
+        }
+        bytes.to_vec()
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// The length of the longest end of `text` that starts `close`.
+fn partial_suffix(text: &[u8], close: &[u8]) -> usize {
+    (1..close.len().min(text.len() + 1))
+        .rev()
+        .find(|&n| text.ends_with(&close[..n]))
+        .unwrap_or(0)
+}
+
+/// The length of `bytes` up to its last whole UTF-8 character (a cut one
+/// waits for its next token).
+fn whole_chars(bytes: &[u8]) -> usize {
+    match std::str::from_utf8(bytes) {
+        Ok(_) => bytes.len(),
+        Err(e) if e.error_len().is_none() => e.valid_up_to(),
+        Err(_) => bytes.len(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const THINK_TAGS: Tags = TAGS[0];
+
+    fn thought(budget: Option<u32>) -> Thought {
+        Thought::new(&Reasoning {
+            close: "</think>".into(),
+            budget,
+        })
+    }
+
+    fn run(pieces: &[&str]) -> (String, String) {
+        let mut t = thought(None);
+        let (mut reasoning, mut answer) = (String::new(), Vec::new());
+        for p in pieces {
+            let s = t.push(p.as_bytes());
+            reasoning.push_str(&s.reasoning);
+            answer.extend(s.answer);
+        }
+        reasoning.push_str(&t.finish());
+        (reasoning, String::from_utf8(answer).unwrap())
+    }
+
+    #[test]
+    fn splits_at_the_close_whatever_the_tokens() {
+        let whole = ("Two and two.".to_string(), "Four.".to_string());
+        assert_eq!(run(&["\nTwo and two.\n", "</think>", "\n\nFour."]), whole);
+        assert_eq!(run(&["\nTwo", " and two.\n</", "thi", "nk>\n", "\nFour."]), whole);
+        assert_eq!(run(&["Two and two.</think>Four."]), whole);
+    }
+
+    #[test]
+    fn holds_only_what_may_close() {
+        let mut t = thought(None);
+        assert_eq!(t.push(b"a < b").reasoning, "a < b");
+        assert_eq!(t.push(b" </th").reasoning, "");
+        assert_eq!(t.push(b"ing").reasoning, " </thing");
+        // A character cut between two tokens waits for its end.
+        assert_eq!(t.push(&[0xc3]).reasoning, "");
+        assert_eq!(t.push(&[0xa9]).reasoning, "é");
+    }
+
+    #[test]
+    fn a_reasoning_never_closed_is_all_reasoning() {
+        assert_eq!(run(&["\nStill thinking\n\n"]), ("Still thinking".into(), "".into()));
+    }
+
+    #[test]
+    fn the_budget_is_due_once() {
+        let mut t = thought(Some(2));
+        t.push(b"one");
+        assert!(!t.due());
+        t.push(b" two");
+        assert!(t.due());
+        assert!(!t.due());
+        let mut zero = thought(Some(0));
+        assert!(zero.due());
+    }
+
+    #[test]
+    fn begin_follows_the_generation_prompt() {
+        let tags = Some(THINK_TAGS);
+        let open = |p: &str, think, budget| begin(tags, p, think, budget).unwrap();
+        // Left to the model: cmpl opens it.
+        let (added, r) = open("<|im_start|>assistant\n", None, Some(8));
+        assert_eq!(added, "<think>\n");
+        assert_eq!(r.unwrap().budget, Some(8));
+        // Opened by the template.
+        assert_eq!(open("assistant\n<think>\n", None, None).0, "");
+        assert!(open("assistant\n<think>\n", None, None).1.is_some());
+        // Closed by the template: no reasoning; asked for, an error.
+        let closed = "assistant\n<think>\n\n</think>\n\n";
+        assert_eq!(open(closed, None, None), (String::new(), None));
+        let e = begin(tags, closed, Some(true), None).unwrap_err();
+        assert!(e.to_string().contains("closes the reasoning"), "{e}");
+        // Not thinking: closed by cmpl where the template did not.
+        assert_eq!(open("assistant\n", Some(false), None).0, "<think>\n\n</think>\n\n");
+        assert_eq!(open("<think>\n", Some(false), None).0, "\n\n</think>\n\n");
+        assert_eq!(open(closed, Some(false), None).0, "");
+    }
+
+    #[test]
+    fn thinking_asked_of_a_template_without_it_names_the_field() {
+        let e = begin(None, "x", None, Some(4)).unwrap_err();
+        assert!(e.to_string().contains("`reasoning_budget`"), "{e}");
+        let e = begin(None, "x", Some(true), None).unwrap_err();
+        assert!(e.to_string().contains("--chat-template"), "{e}");
+        assert_eq!(begin(None, "x", Some(false), None).unwrap(), (String::new(), None));
+    }
+
+    #[test]
+    fn families_are_known_by_their_templates() {
+        assert_eq!(tags_of("{{ '<think>' }}{{ '</think>' }}"), Some(TAGS[0]));
+        assert_eq!(tags_of("[THINK]{{ x }}[/THINK]"), Some(TAGS[1]));
+        assert_eq!(tags_of("<|im_start|>"), None);
+    }
+}
