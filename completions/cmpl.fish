@@ -31,6 +31,7 @@ complete -c cmpl -l tools -d 'Functions the answer may call: a JSON list of {"ty
 complete -c cmpl -l tool-choice -d 'With --tools: auto (the model chooses), none, required (at least one call), or a tool\'s name (a call of it) [default: auto]' -r
 complete -c cmpl -l parallel-tool-calls -d 'With --tools: more than one call in an answer [default: true]' -r -f -a "true\t''
 false\t''"
+complete -c cmpl -l reasoning-budget -d 'At most N thinking tokens: then the reasoning\'s close is forced and the answer begins, as llama.cpp\'s --reasoning-budget (implies --chat)' -r
 complete -c cmpl -l request -d 'Read the JSON request from FILE (\'-\' for stdin)' -r -F
 complete -c cmpl -l prompt-file -d 'Read the prompt as plain text from FILE (\'-\' for stdin)' -r -F
 complete -c cmpl -l batch -d 'Answer a JSON Lines file of requests (stdin without FILE), one JSON line out per line in, in order, decoding the requests together. Exit 1 if any line failed. Lines with "stream": true get a whole response' -r -F
@@ -51,6 +52,9 @@ complete -c cmpl -l read-timeout -d 'Seconds the server may stay silent once ask
 complete -c cmpl -l color -d 'When to colour output' -r -f -a "auto\t''
 always\t''
 never\t''"
+complete -c cmpl -l reasoning -d 'Text mode: where a thinking model\'s reasoning goes. auto: to stderr, dimmed, when stderr is a terminal (a person watching sees it think), else nowhere (logs stay the answers\'); show: to stderr always; hide: nowhere. Stdout holds the answer alone either way' -r -f -a "auto\t''
+show\t''
+hide\t''"
 complete -c cmpl -l generate -d 'Print the man page or a shell completion script' -r -f -a "man\t''
 complete-bash\t''
 complete-zsh\t''
@@ -59,6 +63,8 @@ complete-powershell\t''
 complete-elvish\t''
 fields\t''"
 complete -c cmpl -l json-object -d 'The text is a JSON object (response_format json_object)'
+complete -c cmpl -l think -d 'A thinking model reasons before it answers: the template\'s enable_thinking (the default; implies --chat). The reasoning is kept apart from the answer (--reasoning; reasoning_content in JSON)'
+complete -c cmpl -l no-think -d 'A thinking model answers without reasoning (enable_thinking false, or its reasoning closed at once; implies --chat)'
 complete -c cmpl -l json -d 'Print the API\'s JSON: one CompletionResponse, or SSE chunks with --stream'
 complete -c cmpl -l no-prefix-cache -d 'Evaluate every prompt from its first token, instead of starting from the KV cells of an earlier prompt that began the same way (batch lines, server requests; kept while memory allows)'
 complete -c cmpl -l deterministic -d 'Deterministic mode: a seeded request gives the same bytes (text, logprobs, finish reasons) alone, in any --batch mix, at any --parallel, or on a loaded server, on the same build, CPU and --threads; for some speed (weights not repacked, a ballast sequence beside one decoding alone)'

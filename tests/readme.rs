@@ -88,6 +88,9 @@ fn fixtures(dir: &Path) {
     for (name, text) in files {
         std::fs::write(dir.join(name), text).unwrap();
     }
+    // A thinking family's real template, as its model's user downloads it.
+    let qwen3 = "Qwen-Qwen3-0.6B.jinja";
+    std::fs::copy(common::run::real_template(qwen3), dir.join(qwen3)).unwrap();
 }
 
 /// The servers a block's text names, started for it; the text rewritten

@@ -133,6 +133,12 @@ impl Dialect {
         if r.chat.as_ref().is_some_and(|c| c.tools.is_some()) {
             return Err(tools_refused());
         }
+        if let Some(field) = thinking(r) {
+            return Err(CmplError::invalid(
+                field,
+                "a thinking model's reasoning is split from its answer and bounded where the model runs, and a remote engine is sent a rendered prompt: run the model locally (or send the chat to `cmpl --serve` there)",
+            ));
+        }
         let s = &r.sampling;
         // Streams carry each token's logprob even when the request asks none.
         let want_logprobs = r.logprobs.or(opts.token_logprobs.then_some(0));
@@ -515,6 +521,19 @@ fn tools_refused() -> CmplError {
     )
 }
 
+/// The field that asks a remote engine to think apart: `reasoning_budget`,
+/// `think`, or a template whose answer starts with reasoning.
+fn thinking(r: &Request) -> Option<&'static str> {
+    let chat = r.chat.as_ref()?;
+    if chat.reasoning_budget.is_some() {
+        Some(fields::REASONING_BUDGET.name)
+    } else if chat.think.is_some() || r.reasoning.is_some() {
+        Some(fields::THINK.name)
+    } else {
+        None
+    }
+}
+
 /// The message of an error body: `{"error": {"message": ...}}` (every
 /// server here), `{"error": "..."}` or `{"message": ...}`.
 pub fn error_message(body: &str) -> Option<String> {
@@ -589,6 +608,15 @@ mod tests {
                     _ => json!({"type": "json_object"}),
                 };
                 let mut one = json!({"prompt": "hi"});
+                if matches!(field.name, "think" | "reasoning_budget") {
+                    let one = json!({"messages": [{"role": "user", "content": "hi"}],
+                        field.name: if field.name == "think" { json!(true) } else { json!(4) }});
+                    let e = dialect
+                        .body(&request(one), "m", &RunOptions::default(), false)
+                        .unwrap_err();
+                    assert_eq!(e.param.as_deref(), Some(field.name), "{dialect:?}");
+                    continue;
+                }
                 if field.group == fields::Group::Chat {
                     // Tools: refused as `tools`, whichever comes with them.
                     one = json!({"messages": [{"role": "user", "content": "hi"}],

@@ -50,6 +50,18 @@ pub fn tool_model_path() -> PathBuf {
     path
 }
 
+/// A real model family's chat template from llama.cpp's collection
+/// (`models/templates` of the source scripts/test builds llama-server
+/// from, which it names in CMPL_TEMPLATES).
+pub fn real_template(name: &str) -> String {
+    let dir = std::env::var_os("CMPL_TEMPLATES").expect(
+        "CMPL_TEMPLATES is not set: run scripts/test, which points it at llama.cpp's models/templates",
+    );
+    let path = PathBuf::from(dir).join(name);
+    assert!(path.is_file(), "no template at {}", path.display());
+    path.display().to_string()
+}
+
 /// One cmpl process, started the way every test starts it: the test model
 /// as the default, no user config file, no NO_COLOR.
 pub struct Cmpl {

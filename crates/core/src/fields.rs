@@ -371,11 +371,15 @@ pub const THINK: Field = Field {
 pub const REASONING_BUDGET: Field = Field {
     name: "reasoning_budget",
     group: Group::Chat,
-    kind: Kind::Integer { min: 0, max: 1 << 20 },
+    kind: Kind::Integer {
+        min: 0,
+        max: 1 << 20,
+    },
     flag: Some("reasoning-budget"),
     chat: InChat::AsIs,
     remote: [Refused; 3],
-    doc: "Thinking tokens at most: after them the reasoning's close is forced and the answer begins.",
+    doc:
+        "Thinking tokens at most: after them the reasoning's close is forced and the answer begins.",
 };
 pub const RESPONSE_FORMAT: Field = Field {
     name: "response_format",

@@ -119,8 +119,13 @@ impl<W: Write> Printer<W> {
         if event.job() != self.job {
             return Ok(());
         }
-        if let (Format::Text, 1, Event::Token { reasoning, text, .. }) =
-            (self.format, self.n, &event)
+        if let (
+            Format::Text,
+            1,
+            Event::Token {
+                reasoning, text, ..
+            },
+        ) = (self.format, self.n, &event)
         {
             self.think(reasoning, text);
         }

@@ -18,6 +18,8 @@ use serde::{Deserialize, Serialize};
 pub struct Tags {
     pub open: &'static str,
     pub close: &'static str,
+    /// What the family writes after the opening (`<think>`'s newline).
+    pub after_open: &'static str,
 }
 
 /// The families' tags, as their templates write them: `<think>` (Qwen3,
@@ -27,14 +29,17 @@ pub const TAGS: [Tags; 3] = [
     Tags {
         open: "<think>",
         close: "</think>",
+        after_open: "\n",
     },
     Tags {
         open: "[THINK]",
         close: "[/THINK]",
+        after_open: "",
     },
     Tags {
         open: "<|channel|>analysis<|message|>",
         close: "<|end|><|start|>assistant<|channel|>final<|message|>",
+        after_open: "",
     },
 ];
 
@@ -121,7 +126,7 @@ pub fn begin(
     }
     let added = match opened {
         true => String::new(),
-        false => format!("{}\n", tags.open),
+        false => format!("{}{}", tags.open, tags.after_open),
     };
     let reasoning = Reasoning {
         close: tags.close.to_string(),
@@ -307,7 +312,10 @@ mod tests {
     fn splits_at_the_close_whatever_the_tokens() {
         let whole = ("Two and two.".to_string(), "Four.".to_string());
         assert_eq!(run(&["\nTwo and two.\n", "</think>", "\n\nFour."]), whole);
-        assert_eq!(run(&["\nTwo", " and two.\n</", "thi", "nk>\n", "\nFour."]), whole);
+        assert_eq!(
+            run(&["\nTwo", " and two.\n</", "thi", "nk>\n", "\nFour."]),
+            whole
+        );
         assert_eq!(run(&["Two and two.</think>Four."]), whole);
     }
 
@@ -324,7 +332,10 @@ mod tests {
 
     #[test]
     fn a_reasoning_never_closed_is_all_reasoning() {
-        assert_eq!(run(&["\nStill thinking\n\n"]), ("Still thinking".into(), "".into()));
+        assert_eq!(
+            run(&["\nStill thinking\n\n"]),
+            ("Still thinking".into(), "".into())
+        );
     }
 
     #[test]
@@ -356,7 +367,10 @@ mod tests {
         let e = begin(tags, closed, Some(true), None).unwrap_err();
         assert!(e.to_string().contains("closes the reasoning"), "{e}");
         // Not thinking: closed by cmpl where the template did not.
-        assert_eq!(open("assistant\n", Some(false), None).0, "<think>\n\n</think>\n\n");
+        assert_eq!(
+            open("assistant\n", Some(false), None).0,
+            "<think>\n\n</think>\n\n"
+        );
         assert_eq!(open("<think>\n", Some(false), None).0, "\n\n</think>\n\n");
         assert_eq!(open(closed, Some(false), None).0, "");
     }
@@ -367,7 +381,10 @@ mod tests {
         assert!(e.to_string().contains("`reasoning_budget`"), "{e}");
         let e = begin(None, "x", Some(true), None).unwrap_err();
         assert!(e.to_string().contains("--chat-template"), "{e}");
-        assert_eq!(begin(None, "x", Some(false), None).unwrap(), (String::new(), None));
+        assert_eq!(
+            begin(None, "x", Some(false), None).unwrap(),
+            (String::new(), None)
+        );
     }
 
     #[test]

@@ -341,7 +341,10 @@ fn chat(raw: &RawRequest, prompt: &str, messages: Option<Vec<Message>>) -> Resul
         (CHAT_TEMPLATE.name, template.is_some()),
         (TOOLS.name, raw.get(TOOLS.name).is_some()),
         (THINK.name, raw.get(THINK.name).is_some()),
-        (REASONING_BUDGET.name, raw.get(REASONING_BUDGET.name).is_some()),
+        (
+            REASONING_BUDGET.name,
+            raw.get(REASONING_BUDGET.name).is_some(),
+        ),
     ];
     let implied = implied
         .iter()

@@ -379,7 +379,10 @@ impl Run<'_> {
             text: std::mem::take(&mut c.text),
             finish: reason,
             tokens: logprobs.map(|_| std::mem::take(&mut c.tokens)),
-            reasoning: c.thought.is_some().then(|| std::mem::take(&mut c.reasoning)),
+            reasoning: c
+                .thought
+                .is_some()
+                .then(|| std::mem::take(&mut c.reasoning)),
         });
         state.running -= 1;
         if state.running == 0 {
