@@ -39,12 +39,17 @@ assert c.choices[0].finish_reason == "tool_calls", c
 assert m.content is None and len(m.tool_calls) == 1, m
 first = check_call(m.tool_calls[0])
 
-# Streamed: the SDK's stream helper joins the pieces into the same call.
+# Streamed: the call's arguments come in fragments as they are written,
+# and the SDK's stream helper joins them into the same call.
+fragments = 0
 with client.chat.completions.stream(model="m", messages=ask, tools=[weather], temperature=0,
                                     max_tokens=64) as stream:
-    for _ in stream:
-        pass
+    for event in stream:
+        if event.type == "chunk" and event.chunk.choices:
+            for call in event.chunk.choices[0].delta.tool_calls or []:
+                fragments += bool(call.function and call.function.arguments)
     final = stream.get_final_completion()
+assert fragments > 1, f"the arguments came in {fragments} fragment(s)"
 streamed = final.choices[0].message.tool_calls
 assert final.choices[0].finish_reason == "tool_calls", final
 assert len(streamed) == 1 and json.loads(streamed[0].function.arguments) == first, streamed

@@ -246,7 +246,7 @@ pub struct Cli {
 
     /// A thinking model answers without reasoning (enable_thinking false,
     /// or its reasoning closed at once; implies --chat).
-    #[arg(long, overrides_with = "think", help_heading = "Chat")]
+    #[arg(long, overrides_with = crate::fields::THINK.name, help_heading = "Chat")]
     pub no_think: bool,
 
     /// At most N thinking tokens: then the reasoning's close is forced and

@@ -438,7 +438,7 @@ fn runtime_from_config(config: &Config) -> Result<Cli> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fields::{Group, TABLE};
+    use crate::fields::{Field, Group, TABLE};
 
     fn flags(args: &[&str]) -> Result<RawRequest> {
         let cli = Cli::try_parse_from(std::iter::once("cmpl").chain(args.iter().copied()))
@@ -507,7 +507,11 @@ mod tests {
         for arg in command.get_arguments() {
             let heading = arg.get_help_heading().unwrap_or("");
             if let (Some(long), "Request" | "Chat") = (arg.get_long(), heading) {
-                let field = TABLE.iter().find(|f| f.flag == Some(long));
+                // `--no-think` is `--think`'s other side.
+                let is = |f: &&Field| {
+                    f.flag == Some(long) || f.flag.is_some_and(|n| long == format!("no-{n}"))
+                };
+                let field = TABLE.iter().find(is);
                 assert!(
                     field.is_some_and(|f| matches!(f.group, Group::Contract | Group::Chat)),
                     "--{long} has no field in the table"

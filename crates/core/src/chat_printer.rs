@@ -8,6 +8,7 @@ use crate::api::{
     ToolCallDelta, Usage,
 };
 use crate::backend::{Event, Finish, JobResult, TokenInfo};
+use crate::call_stream::{CallStream, Part};
 use crate::error::Result;
 use crate::request::Request;
 use crate::tools::{call_id, opens_as_words, read_calls, tool_call, Tools};
@@ -37,6 +38,8 @@ struct Held {
     words: bool,
     text: String,
     tokens: Vec<TokenInfo>,
+    /// Known to be calls: read as they are written.
+    calls: Option<CallStream>,
 }
 
 /// A finished job as a `chat.completion` object (`header`'s id and time);
@@ -147,9 +150,10 @@ impl<W: Write> ChatWriter<W> {
         }
     }
 
-    /// A streamed choice's text while it may be calls: held until its
-    /// first letter is not a call's (then sent, and the rest as it comes),
-    /// or to its end (then sent as the calls it reads as, or as text).
+    /// A streamed choice's text while it may be calls: held until it opens
+    /// as words (then sent, and the rest as it comes) or as a call (then
+    /// sent as calls as they are written: each one's id and name, then its
+    /// arguments in fragments), or to its end.
     fn hold(
         &mut self,
         choice: u32,
@@ -160,46 +164,63 @@ impl<W: Write> ChatWriter<W> {
         let held = &mut self.held[choice as usize];
         held.text.push_str(text);
         held.tokens.push(token.clone());
-        let words = !token.special && opens_as_words(&held.text);
-        if finish.is_none() && !words {
-            return Ok(());
+        if held.calls.is_none() {
+            let words = !token.special && opens_as_words(&held.text);
+            // Blank space, or a code fence not yet known to be JSON's,
+            // decides nothing yet.
+            let opening = held.text.trim_start();
+            let decided = !opening.is_empty() && !"```json".starts_with(opening);
+            if words || (finish.is_some() && !decided) {
+                let (text, tokens) = (
+                    std::mem::take(&mut held.text),
+                    std::mem::take(&mut held.tokens),
+                );
+                held.words = true;
+                return self.send_words(choice, &text, &tokens, finish.map(reason));
+            }
+            if !decided {
+                return Ok(());
+            }
+            // The constraint lets nothing but a call open so.
+            held.calls = Some(CallStream::default());
         }
-        let (text, tokens) = (
-            std::mem::take(&mut held.text),
-            std::mem::take(&mut held.tokens),
-        );
-        held.words = true;
-        let calls = match (finish, &self.tools) {
-            (Some(f), Some(t)) if f != Finish::Length && !words => read_calls(&text, t),
-            _ => None,
+        let parts = match &mut held.calls {
+            Some(calls) => calls.read(&held.text),
+            None => Vec::new(),
         };
-        let Some(calls) = calls else {
-            return self.send_words(choice, &text, &tokens, finish.map(reason));
+        let read = match (finish, &self.tools) {
+            (Some(f), Some(t)) if f != Finish::Length => read_calls(&held.text, t).is_some(),
+            _ => false,
         };
-        for (index, call) in calls.into_iter().enumerate() {
-            let index = index as u32;
-            let opening = ToolCallDelta {
-                index,
-                id: Some(call_id()),
-                kind: Some("function"),
-                function: FunctionDelta {
-                    name: Some(call.name),
-                    arguments: String::new(),
+        for part in parts {
+            let delta = match part {
+                Part::Open { index, name } => ToolCallDelta {
+                    index,
+                    id: Some(call_id()),
+                    kind: Some("function"),
+                    function: FunctionDelta {
+                        name: Some(name),
+                        arguments: String::new(),
+                    },
+                },
+                Part::Arguments { index, text } => ToolCallDelta {
+                    index,
+                    id: None,
+                    kind: None,
+                    function: FunctionDelta {
+                        name: None,
+                        arguments: text,
+                    },
                 },
             };
-            self.send_calls(choice, vec![opening], None)?;
-            let arguments = ToolCallDelta {
-                index,
-                id: None,
-                kind: None,
-                function: FunctionDelta {
-                    name: None,
-                    arguments: call.arguments,
-                },
-            };
-            self.send_calls(choice, vec![arguments], None)?;
+            self.send_calls(choice, vec![delta], None)?;
         }
-        self.send_calls(choice, Vec::new(), Some(ChatFinishReason::ToolCalls))
+        match finish {
+            // A call cut short is not a call: the choice ends as it ended.
+            Some(f) if !read => self.send_calls(choice, Vec::new(), Some(reason(f))),
+            Some(_) => self.send_calls(choice, Vec::new(), Some(ChatFinishReason::ToolCalls)),
+            None => Ok(()),
+        }
     }
 
     fn send_words(

@@ -7,6 +7,7 @@
 
 pub mod api;
 pub mod backend;
+pub mod call_stream;
 pub mod cells;
 pub mod chat_body;
 pub mod chat_printer;
