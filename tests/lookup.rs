@@ -82,12 +82,15 @@ fn seeded_samples_draw_as_without_lookup() {
     // (after 15 to 60 tokens here). A draw out of step with the plain run's
     // would part at the first draft taken, a few tokens in.
     let mut agreed = 0;
+    let mut drafted = 0;
     let seeds = [1, 2, 3, 4];
     for seed in seeds {
         let body = request(COPY, json!({"temperature": 0.8, "seed": seed}));
         let plain = cmpl(&["--json", "--lookup", "0"]).stdin(&body).run().json();
         let fast = cmpl(&["--json", "--verbose"]).stdin(&body).run();
-        assert!(drafts(&fast.stderr).1 > 0, "{}", fast.stderr);
+        // Which seeds' answers copy (and so draft) is the model's draw, and
+        // the draw follows the machine's rounding: counted, not asked of each.
+        drafted += usize::from(drafts(&fast.stderr).1 > 0);
         let fast = fast.json();
         let (a, b) = (
             &plain["choices"][0]["logprobs"],
@@ -104,6 +107,7 @@ fn seeded_samples_draw_as_without_lookup() {
         }
         agreed += same;
     }
+    assert!(drafted >= 2, "drafts were taken for {drafted} of the seeds");
     assert!(
         agreed >= 16 * seeds.len(),
         "the texts agree for {agreed} tokens over {} seeds",
