@@ -283,7 +283,7 @@ pub struct ChatChunkChoice {
 }
 
 /// A choice's new text; its first chunk also carries the role.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct ChatDelta {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<&'static str>,

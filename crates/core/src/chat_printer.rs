@@ -230,43 +230,26 @@ impl<W: Write> ChatWriter<W> {
         tokens: &[TokenInfo],
         finish: Option<ChatFinishReason>,
     ) -> Result<()> {
-        let first = !std::mem::replace(&mut self.opened[choice as usize], true);
-        if text.is_empty() && finish.is_none() && !first {
+        if text.is_empty() && finish.is_none() && self.opened[choice as usize] {
             return Ok(());
         }
-        let choice = ChatChunkChoice {
-            index: choice,
-            delta: ChatDelta {
-                role: first.then_some("assistant"),
-                content: Some(text.to_string()),
-                reasoning_content: None,
-                tool_calls: Vec::new(),
-            },
-            logprobs: self.logprobs.then(|| ChatLogprobs {
-                content: tokens.iter().map(token_logprob).collect(),
-            }),
-            finish_reason: finish,
+        let delta = ChatDelta {
+            content: Some(text.to_string()),
+            ..ChatDelta::default()
         };
-        let chunk = self.chunk(vec![choice], None);
-        self.write_sse(&chunk)
+        let logprobs = self.logprobs.then(|| ChatLogprobs {
+            content: tokens.iter().map(token_logprob).collect(),
+        });
+        self.send(choice, delta, logprobs, finish)
     }
 
     /// A chunk of a thinking model's reasoning.
     fn send_reasoning(&mut self, choice: u32, reasoning: &str) -> Result<()> {
-        let first = !std::mem::replace(&mut self.opened[choice as usize], true);
-        let choice = ChatChunkChoice {
-            index: choice,
-            delta: ChatDelta {
-                role: first.then_some("assistant"),
-                content: None,
-                reasoning_content: Some(reasoning.to_string()),
-                tool_calls: Vec::new(),
-            },
-            logprobs: None,
-            finish_reason: None,
+        let delta = ChatDelta {
+            reasoning_content: Some(reasoning.to_string()),
+            ..ChatDelta::default()
         };
-        let chunk = self.chunk(vec![choice], None);
-        self.write_sse(&chunk)
+        self.send(choice, delta, None, None)
     }
 
     fn send_calls(
@@ -275,16 +258,27 @@ impl<W: Write> ChatWriter<W> {
         tool_calls: Vec<ToolCallDelta>,
         finish: Option<ChatFinishReason>,
     ) -> Result<()> {
+        let delta = ChatDelta {
+            tool_calls,
+            ..ChatDelta::default()
+        };
+        self.send(choice, delta, None, finish)
+    }
+
+    /// One chunk of a choice; its first carries the role.
+    fn send(
+        &mut self,
+        choice: u32,
+        mut delta: ChatDelta,
+        logprobs: Option<ChatLogprobs>,
+        finish: Option<ChatFinishReason>,
+    ) -> Result<()> {
         let first = !std::mem::replace(&mut self.opened[choice as usize], true);
+        delta.role = first.then_some("assistant");
         let choice = ChatChunkChoice {
             index: choice,
-            delta: ChatDelta {
-                role: first.then_some("assistant"),
-                content: None,
-                reasoning_content: None,
-                tool_calls,
-            },
-            logprobs: None,
+            delta,
+            logprobs,
             finish_reason: finish,
         };
         let chunk = self.chunk(vec![choice], None);
