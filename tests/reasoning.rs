@@ -196,3 +196,41 @@ fn the_chat_endpoint_and_a_batch_line_carry_reasoning_content() {
     assert_eq!(message["reasoning_content"], "2 + 2", "{v}");
     assert_eq!(message["content"], ANSWER, "{v}");
 }
+
+#[test]
+fn an_assistant_turns_reasoning_goes_back_to_a_template_that_reads_it() {
+    let model = tool_model_path().display().to_string();
+    let t = qwen3();
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    let call = json!([{"id": "call_0", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]);
+    let mut body = json!({"messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": call,
+            "reasoning_content": "\nThe user wants Paris; call the tool.\n"},
+        {"role": "tool", "tool_call_id": "call_0", "content": "18 C"}],
+        "tools": tools, "max_tokens": 1, "temperature": 0, "echo": true});
+    let out = cmpl(&["-m", &model, "--chat-template", &t, "--json"])
+        .stdin(body.to_string())
+        .run();
+    let v = out.json();
+    let prompt = v["prompt"][0]["text"].as_str().unwrap();
+    // Qwen3's template keeps the thinking of a turn after the last question.
+    assert!(
+        prompt.contains("<|im_start|>assistant\n<think>\nThe user wants Paris; call the tool.\n</think>\n\n<tool_call>"),
+        "{prompt:?}"
+    );
+    // It belongs to an assistant's turn, and is text.
+    body["messages"][0]["reasoning_content"] = json!("no");
+    cmpl(&["-m", &model, "--chat-template", &t, "--json"])
+        .stdin(body.to_string())
+        .run()
+        .fails(2, "`messages[0].reasoning_content` belongs to an assistant's message");
+    body["messages"][0].as_object_mut().unwrap().remove("reasoning_content");
+    body["messages"][1]["reasoning_content"] = json!(7);
+    cmpl(&["-m", &model, "--chat-template", &t, "--json"])
+        .stdin(body.to_string())
+        .run()
+        .fails(2, "`messages[1].reasoning_content` must be a string, not the number 7");
+}

@@ -432,13 +432,13 @@ fn messages(raw: &RawRequest) -> Result<Option<Vec<Message>>> {
         };
         let own = |key: &str| match key {
             "role" | "content" | "name" => true,
-            "tool_calls" => role == "assistant",
+            "tool_calls" | "reasoning_content" => role == "assistant",
             "tool_call_id" => role == "tool",
             _ => false,
         };
         if let Some(key) = m.keys().find(|k| !own(k)) {
             let what = match key.as_str() {
-                "tool_calls" => "belongs to an assistant's message".to_string(),
+                "tool_calls" | "reasoning_content" => "belongs to an assistant's message".to_string(),
                 "tool_call_id" => "belongs to a tool's message".to_string(),
                 "function_call" => "is the API's old form: send `tool_calls`".to_string(),
                 _ => "is not taken; a message has `role` and `content`".to_string(),
@@ -462,6 +462,25 @@ fn messages(raw: &RawRequest) -> Result<Option<Vec<Message>>> {
                 return bad(
                     format!("[{i}].tool_call_id"),
                     &format!("must be a string of at most {MAX_NAME_BYTES} bytes"),
+                )
+            }
+        };
+        let reasoning_content = match m.get("reasoning_content") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if !s.contains('\0') => {
+                bytes += s.len();
+                Some(s.clone())
+            }
+            Some(Value::String(_)) => {
+                return bad(
+                    format!("[{i}].reasoning_content"),
+                    "holds a NUL character (\\u0000); remove it",
+                )
+            }
+            Some(other) => {
+                return bad(
+                    format!("[{i}].reasoning_content"),
+                    &format!("must be a string, not {}", json_kind(other)),
                 )
             }
         };
@@ -545,6 +564,7 @@ fn messages(raw: &RawRequest) -> Result<Option<Vec<Message>>> {
             content,
             tool_calls,
             tool_call_id,
+            reasoning_content,
         });
     }
     Ok(Some(out))

@@ -21,6 +21,10 @@ pub struct Message {
     /// The call a `tool` message answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// An assistant's earlier thinking, given back to a template that
+    /// reads it (Qwen3's keeps it in a tool loop).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl Message {
@@ -30,6 +34,7 @@ impl Message {
             content: content.to_string(),
             tool_calls: None,
             tool_call_id: None,
+            reasoning_content: None,
         }
     }
 }
