@@ -226,11 +226,20 @@ fn an_assistant_turns_reasoning_goes_back_to_a_template_that_reads_it() {
     cmpl(&["-m", &model, "--chat-template", &t, "--json"])
         .stdin(body.to_string())
         .run()
-        .fails(2, "`messages[0].reasoning_content` belongs to an assistant's message");
-    body["messages"][0].as_object_mut().unwrap().remove("reasoning_content");
+        .fails(
+            2,
+            "`messages[0].reasoning_content` belongs to an assistant's message",
+        );
+    body["messages"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("reasoning_content");
     body["messages"][1]["reasoning_content"] = json!(7);
     cmpl(&["-m", &model, "--chat-template", &t, "--json"])
         .stdin(body.to_string())
         .run()
-        .fails(2, "`messages[1].reasoning_content` must be a string, not the number 7");
+        .fails(
+            2,
+            "`messages[1].reasoning_content` must be a string, not the number 7",
+        );
 }

@@ -11,7 +11,9 @@ use crate::backend::{Event, Finish, JobResult, TokenInfo};
 use crate::call_stream::{CallStream, Part};
 use crate::error::Result;
 use crate::request::Request;
-use crate::tools::{call_id, opens_as_words, read_calls, tool_call, Tools};
+use crate::tools::{
+    call_id, opening_at, opens_as_words, read_answer, read_calls, tool_call, words_shown, Tools,
+};
 use serde::Serialize;
 use std::io::Write;
 
@@ -34,7 +36,7 @@ pub struct ChatWriter<W: Write> {
 /// A choice's text while it may still be calls.
 #[derive(Default)]
 struct Held {
-    /// Known to be words: no longer held.
+    /// Known to open as words: sent as they come, but for what may open calls.
     words: bool,
     text: String,
     tokens: Vec<TokenInfo>,
@@ -54,18 +56,22 @@ pub fn completion(
         .choices
         .iter()
         .map(|c| {
-            let calls = tools
+            let answer = tools
                 .filter(|_| c.finish != Finish::Length)
-                .and_then(|t| read_calls(&c.text, t));
-            let finish_reason = match &calls {
+                .and_then(|t| read_answer(&c.text, t));
+            let finish_reason = match &answer {
                 Some(_) => ChatFinishReason::ToolCalls,
                 None => reason(c.finish),
+            };
+            let (content, calls) = match answer {
+                Some((lead, calls)) => (lead, Some(calls)),
+                None => (Some(c.text.clone()), None),
             };
             ChatChoice {
                 index: c.index,
                 message: ChatMessage {
                     role: "assistant",
-                    content: calls.is_none().then(|| c.text.clone()),
+                    content,
                     reasoning_content: c.reasoning.clone(),
                     tool_calls: calls
                         .map_or_else(Vec::new, |calls| calls.into_iter().map(tool_call).collect()),
@@ -125,7 +131,7 @@ impl<W: Write> ChatWriter<W> {
                 if !reasoning.is_empty() {
                     self.send_reasoning(choice, reasoning)?;
                 }
-                if self.tools.is_some() && !self.held[choice as usize].words {
+                if self.tools.is_some() {
                     return self.hold(choice, token, text, finish);
                 }
                 let tokens = std::slice::from_ref(token);
@@ -150,10 +156,10 @@ impl<W: Write> ChatWriter<W> {
         }
     }
 
-    /// A streamed choice's text while it may be calls: held until it opens
-    /// as words (then sent, and the rest as it comes) or as a call (then
-    /// sent as calls as they are written: each one's id and name, then its
-    /// arguments in fragments), or to its end.
+    /// A streamed choice's text where tools may be called: held until it
+    /// opens as words (then sent as they come, until calls open after
+    /// them) or as a call (then sent as calls as they are written: each
+    /// one's id and name, then its arguments in fragments), or to its end.
     fn hold(
         &mut self,
         choice: u32,
@@ -164,26 +170,47 @@ impl<W: Write> ChatWriter<W> {
         let held = &mut self.held[choice as usize];
         held.text.push_str(text);
         held.tokens.push(token.clone());
-        if held.calls.is_none() {
+        if held.calls.is_none() && !held.words {
             let words = !token.special && opens_as_words(&held.text);
             // Blank space, or a code fence not yet known to be JSON's,
             // decides nothing yet.
             let opening = held.text.trim_start();
             let decided = !opening.is_empty() && !"```json".starts_with(opening);
             if words || (finish.is_some() && !decided) {
-                let (text, tokens) = (
-                    std::mem::take(&mut held.text),
-                    std::mem::take(&mut held.tokens),
-                );
                 held.words = true;
-                return self.send_words(choice, &text, &tokens, finish.map(reason));
-            }
-            if !decided {
+            } else if !decided {
                 return Ok(());
+            } else {
+                // The constraint lets nothing but a call open so.
+                held.calls = Some(CallStream::default());
             }
-            // The constraint lets nothing but a call open so.
-            held.calls = Some(CallStream::default());
         }
+        if held.calls.is_none() {
+            // Words, sent as they come but for what may begin a call's
+            // opening (the constraint lets calls follow words only so).
+            let at = opening_at(&held.text);
+            let shown = match (at, finish) {
+                (Some(at), _) => held.text[..at].trim_end().len(),
+                (None, Some(_)) => held.text.len(),
+                (None, None) => words_shown(&held.text),
+            };
+            if shown > 0 || finish.is_some() {
+                let rest = held.text.split_off(shown);
+                let words = std::mem::replace(&mut held.text, rest);
+                let tokens = std::mem::take(&mut held.tokens);
+                let end = finish.filter(|_| at.is_none()).map(reason);
+                self.send_words(choice, &words, &tokens, end)?;
+            }
+            let held = &mut self.held[choice as usize];
+            match at {
+                Some(_) => {
+                    held.text = held.text[opening_at(&held.text).unwrap_or(0)..].to_string();
+                    held.calls = Some(CallStream::default());
+                }
+                None => return Ok(()),
+            }
+        }
+        let held = &mut self.held[choice as usize];
         let parts = match &mut held.calls {
             Some(calls) => calls.read(&held.text),
             None => Vec::new(),
@@ -454,5 +481,46 @@ mod tests {
         assert_eq!(choice["finish_reason"], "stop");
         assert_eq!(choice["logprobs"], Value::Null, "not asked for");
         assert_eq!(v["usage"]["prompt_tokens"], 3);
+    }
+
+    #[test]
+    fn a_stream_sends_words_then_the_calls_that_follow_them() {
+        let mut out = Vec::new();
+        let r = request(
+            r#"{"messages": [{"role": "user", "content": "x"}], "stream": true,
+            "tools": [{"type": "function", "function": {"name": "f"}}]}"#,
+        );
+        let mut w = ChatWriter::new(&mut out, 0, "m", &r, false);
+        let pieces = [
+            "Sure",
+            ".\n\n``",
+            "`json\n{\"name\": \"f\", ",
+            "\"arguments\": {}}\n```",
+        ];
+        let mut all: Vec<(&str, Option<Finish>)> = pieces.iter().map(|p| (*p, None)).collect();
+        all.push(("", Some(Finish::Eos)));
+        events(&mut w, &all);
+        let text = String::from_utf8(out).unwrap();
+        let deltas: Vec<Value> = text
+            .split_terminator("\n\n")
+            .filter_map(|e| e.strip_prefix("data: "))
+            .filter(|e| *e != "[DONE]")
+            .map(|e| serde_json::from_str::<Value>(e).unwrap()["choices"][0].clone())
+            .collect();
+        let content: String = deltas
+            .iter()
+            .filter_map(|d| d["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(content, "Sure.", "{text}");
+        let calls: Vec<&Value> = deltas
+            .iter()
+            .filter_map(|d| d["delta"].get("tool_calls"))
+            .collect();
+        assert_eq!(calls[0][0]["function"]["name"], "f", "{text}");
+        assert_eq!(
+            deltas.last().unwrap()["finish_reason"],
+            "tool_calls",
+            "{text}"
+        );
     }
 }

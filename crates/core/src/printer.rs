@@ -8,7 +8,10 @@ use crate::api::{
 use crate::backend::{ChoiceResult, Event, Finish, JobResult, TokenInfo};
 use crate::error::Result;
 use crate::request::Request;
-use crate::tools::{call_lines, opens_as_words, read_calls, tool_call, Call, Tools};
+use crate::tools::{
+    call_lines, opening_at, opens_as_words, read_answer, read_calls, tool_call, words_shown, Call,
+    Tools,
+};
 use std::io::Write;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,11 +44,14 @@ pub struct Printer<W: Write> {
     /// Chunks as OpenAI's completions stream sends them (no `delta`).
     openai_stream: bool,
     /// The tools an answer may call. Text mode holds the text until it
-    /// opens as words (then shown as it comes) or ends (then shown as one
-    /// JSON line a call, where it reads as calls).
+    /// opens as words (then shown as it comes, until calls open after
+    /// them) or ends (then shown as one JSON line a call, where it reads as
+    /// calls).
     tools: Option<Tools>,
     held: String,
     words: bool,
+    /// Calls opened after words: held to the end.
+    calling: bool,
     /// Text mode: a thinking model's reasoning goes to stderr (`Some`,
     /// dimmed where true) or nowhere.
     reasoning: Option<bool>,
@@ -82,6 +88,7 @@ impl<W: Write> Printer<W> {
             tools: request.callable_tools().cloned(),
             held: String::new(),
             words: false,
+            calling: false,
             reasoning: None,
             reasoning_open: false,
         }
@@ -160,14 +167,9 @@ impl<W: Write> Printer<W> {
                 }
             }
             (Format::Text, Event::Token { text, token, .. })
-                if self.n == 1 && self.tools.is_some() && !self.words =>
+                if self.n == 1 && self.tools.is_some() =>
             {
-                self.held.push_str(text);
-                if !token.special && opens_as_words(&self.held) {
-                    self.words = true;
-                    let held = std::mem::take(&mut self.held);
-                    self.write_styled(&held, Style::Plain)?;
-                }
+                self.hold(text, token.special)?;
             }
             (Format::Text, Event::Token { text, token, .. }) if self.n == 1 => {
                 let style = match token.logprob {
@@ -267,11 +269,39 @@ impl<W: Write> Printer<W> {
         Ok(())
     }
 
-    /// A choice's text as text mode shows it: its calls, one JSON line
-    /// each, where it reads as calls of the request's tools.
+    /// Text mode's one choice where tools may be called: held until it
+    /// opens as words, which are then shown as they come but for what may
+    /// open calls after them; calls are held to the end.
+    fn hold(&mut self, text: &str, special: bool) -> Result<()> {
+        self.held.push_str(text);
+        if !self.words {
+            if special || !opens_as_words(&self.held) {
+                return Ok(());
+            }
+            self.words = true;
+        }
+        if self.calling {
+            return Ok(());
+        }
+        let shown = match opening_at(&self.held) {
+            Some(at) => {
+                self.calling = true;
+                self.held[..at].trim_end().len()
+            }
+            None => words_shown(&self.held),
+        };
+        let rest = self.held.split_off(shown);
+        let words = std::mem::replace(&mut self.held, rest);
+        self.write_styled(&words, Style::Plain)
+    }
+
+    /// A choice's text as text mode shows it: the words before its calls,
+    /// then the calls, one JSON line each, where it reads as calls of the
+    /// request's tools.
     fn shown(&self, c: &ChoiceResult) -> String {
         match self.tools.as_ref().and_then(|t| calls_of(t, c)) {
-            Some(calls) => call_lines(&calls),
+            Some((Some(lead), calls)) => format!("{lead}\n{}", call_lines(&calls)),
+            Some((None, calls)) => call_lines(&calls),
             None => c.text.clone(),
         }
     }
@@ -281,13 +311,19 @@ impl<W: Write> Printer<W> {
     /// been one).
     fn write_choices(&mut self, result: &JobResult) -> Result<()> {
         if self.n == 1 {
-            if let (Some(c), true, false) =
-                (result.choices.first(), self.tools.is_some(), self.words)
-            {
-                let shown = self.shown(c);
-                self.write_text(&shown)?;
-            }
-            return Ok(());
+            let Some(c) = result.choices.first().filter(|_| self.tools.is_some()) else {
+                return Ok(());
+            };
+            let held = std::mem::take(&mut self.held);
+            let calls = (self.calling && c.finish != Finish::Length)
+                .then(|| self.tools.as_ref().and_then(|t| read_calls(&held, t)))
+                .flatten();
+            let shown = match calls {
+                _ if !self.words => self.shown(c),
+                Some(calls) => format!("\n{}", call_lines(&calls)),
+                None => held,
+            };
+            return self.write_text(&shown);
         }
         for c in &result.choices {
             if !self.at_line_start {
@@ -404,7 +440,7 @@ pub fn response(
             .choices
             .into_iter()
             .map(|c| {
-                let calls = tools.and_then(|t| calls_of(t, &c));
+                let calls = tools.and_then(|t| calls_of(t, &c)).map(|(_, calls)| calls);
                 Choice {
                     logprobs: c.tokens.as_deref().map(part),
                     index: c.index,
@@ -445,10 +481,11 @@ fn logprobs_part(tokens: &[TokenInfo], logprobs: Option<u32>) -> LogprobsPart {
     }
 }
 
-/// The calls a finished choice reads as (none where it was cut short).
-fn calls_of(tools: &Tools, c: &ChoiceResult) -> Option<Vec<Call>> {
+/// The words before a finished choice's calls, and the calls (none where
+/// it was cut short).
+fn calls_of(tools: &Tools, c: &ChoiceResult) -> Option<(Option<String>, Vec<Call>)> {
     (c.finish != Finish::Length)
-        .then(|| read_calls(&c.text, tools))
+        .then(|| read_answer(&c.text, tools))
         .flatten()
 }
 

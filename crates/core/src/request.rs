@@ -438,7 +438,9 @@ fn messages(raw: &RawRequest) -> Result<Option<Vec<Message>>> {
         };
         if let Some(key) = m.keys().find(|k| !own(k)) {
             let what = match key.as_str() {
-                "tool_calls" | "reasoning_content" => "belongs to an assistant's message".to_string(),
+                "tool_calls" | "reasoning_content" => {
+                    "belongs to an assistant's message".to_string()
+                }
                 "tool_call_id" => "belongs to a tool's message".to_string(),
                 "function_call" => "is the API's old form: send `tool_calls`".to_string(),
                 _ => "is not taken; a message has `role` and `content`".to_string(),

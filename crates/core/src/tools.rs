@@ -327,6 +327,46 @@ pub fn read_calls(text: &str, tools: &Tools) -> Option<Vec<Call>> {
     calls.filter(|c| !c.is_empty() && (tools.parallel || c.len() == 1))
 }
 
+/// What opens calls after words, in any family: a JSON code block, or a
+/// family's wrapper. Under `auto` the constraint keeps them out of words
+/// except as the start of calls, so the first one found is where calls
+/// begin.
+pub const OPENINGS: [&str; 3] = ["```json", "<tool_call>", "[TOOL_CALLS]"];
+
+/// An answer read as OpenAI answers it: the words before its calls (none
+/// where it opens as a call; trailing blank space dropped) and the calls;
+/// `None` for words alone, or calls that do not read whole.
+pub fn read_answer(text: &str, tools: &Tools) -> Option<(Option<String>, Vec<Call>)> {
+    if !opens_as_words(text) {
+        return read_calls(text, tools).map(|calls| (None, calls));
+    }
+    let at = opening_at(text)?;
+    let calls = read_calls(&text[at..], tools)?;
+    let lead = text[..at].trim_end();
+    Some(((!lead.is_empty()).then(|| lead.to_string()), calls))
+}
+
+/// Where the first call opening after words is, in `text`.
+pub fn opening_at(text: &str) -> Option<usize> {
+    OPENINGS.iter().filter_map(|o| text.find(o)).min()
+}
+
+/// How much of words written so far may be shown: all but trailing blank
+/// space and an end that may begin a call opening (`` ` ``, `<tool_`), held
+/// until the next text tells.
+pub fn words_shown(text: &str) -> usize {
+    let partial = (1..=text.len().min(11))
+        .rev()
+        .find(|&k| {
+            text.is_char_boundary(text.len() - k)
+                && OPENINGS
+                    .iter()
+                    .any(|o| o.len() > k && o.starts_with(&text[text.len() - k..]))
+        })
+        .unwrap_or(0);
+    text[..text.len() - partial].trim_end().len()
+}
+
 /// A call's id, as the API's look (`call_` and 24 hex digits).
 pub fn call_id() -> String {
     format!(
@@ -495,6 +535,35 @@ mod tests {
             ..t
         };
         assert!(read_calls(&two, &single).is_none());
+    }
+
+    #[test]
+    fn words_before_calls_are_their_content() {
+        let t = Tools::from_fields(Some(&weather()), None, None)
+            .unwrap()
+            .unwrap();
+        let one = r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#;
+        let fenced = format!("Here is the call:\n\n```json\n{one}\n```");
+        let (lead, calls) = read_answer(&fenced, &t).unwrap();
+        assert_eq!(lead.as_deref(), Some("Here is the call:"));
+        assert_eq!(calls[0].arguments, r#"{"city":"Paris"}"#);
+        let wrapped = format!("Checking.<tool_call>\n{one}\n</tool_call>");
+        assert_eq!(
+            read_answer(&wrapped, &t).unwrap().0.as_deref(),
+            Some("Checking.")
+        );
+        assert_eq!(read_answer(one, &t).unwrap().0, None);
+        assert!(read_answer("It is sunny.", &t).is_none());
+        assert!(read_answer("See ```json\n{\"x\": 1}\n``` for more", &t).is_none());
+        // Shown as they come, but for blank space and a possible opening.
+        assert_eq!(
+            words_shown("Here is the call:\n\n``"),
+            "Here is the call:".len()
+        );
+        assert_eq!(words_shown("It is <tool_"), "It is".len());
+        assert_eq!(words_shown("a < b"), "a < b".len());
+        assert_eq!(words_shown("café"), "café".len());
+        assert_eq!(opening_at("x [TOOL_CALLS]["), Some(2));
     }
 
     #[test]

@@ -551,4 +551,50 @@ pub(crate) mod tests {
             assert!(e.message.contains(want), "{c:?}: {}", e.message);
         }
     }
+
+    /// Whether `text`, byte by byte, is allowed from the start, and
+    /// whether the guide may end after it.
+    fn takes(c: &Constraint, text: &str) -> (bool, bool) {
+        let mut g = toy_guides().compile(c).unwrap().guide();
+        for b in text.bytes() {
+            let t = id(&(b as char).to_string());
+            if !g.allows(t).unwrap() {
+                return (false, false);
+            }
+            g.consume(t).unwrap();
+        }
+        let end = toy_words().len() as u32 - 1;
+        let ends = g.complete() || g.allows(end).unwrap();
+        (true, ends)
+    }
+
+    #[test]
+    fn under_auto_calls_may_follow_words_and_words_hold_no_opening() {
+        use cmpl_core::tools::{Format, Tools};
+        let given = json!([{"type": "function", "function": {"name": "f",
+            "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}]);
+        let tools = Tools::from_fields(Some(&given), None, None)
+            .unwrap()
+            .unwrap();
+        let c = Constraint::Tools {
+            tools,
+            format: Format::Hermes,
+        };
+        let call = r#"{"name": "f", "arguments": {"x": 1}}"#;
+        assert_eq!(takes(&c, "Sure."), (true, true));
+        assert_eq!(
+            takes(&c, &format!("Sure.\n\n```json\n{call}\n```")),
+            (true, true)
+        );
+        assert_eq!(
+            takes(&c, &format!("Sure. <tool_call>\n{call}\n</tool_call>")),
+            (true, true)
+        );
+        assert_eq!(takes(&c, &format!("{call}\n{call}")), (true, true));
+        // A code block of JSON in words is a call's, whole.
+        assert!(!takes(&c, "See ```json\n[").0);
+        assert!(!takes(&c, &format!("Sure.\n```json\n{call}\n``` and more")).0);
+        assert!(!takes(&c, r#"Sure.\n```json\n{"name": "g""#).0);
+        assert_eq!(takes(&c, "See ```python\nx = 1\n```"), (true, true));
+    }
 }

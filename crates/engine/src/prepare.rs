@@ -3,6 +3,7 @@
 //! cells it may hold.
 
 use crate::{guide, Cells, Engine, Job};
+use cmpl_core::constraint::Constraint;
 use cmpl_core::error::{CmplError, Result};
 use cmpl_core::fields;
 use cmpl_core::request::Request;
@@ -179,6 +180,8 @@ impl Engine {
             .with_param(fields::PROMPT.name));
         }
         let guide = match &request.constraint {
+            // bench/tools' baseline: the same calls read back from a free decode.
+            Some(Constraint::Tools { .. }) if tools_unconstrained() => None,
             Some(c) => Some(self.guides()?.compile(c)?),
             None => None,
         };
@@ -194,4 +197,10 @@ impl Engine {
             token_logprob,
         })
     }
+}
+
+/// `CMPL_TOOLS_UNCONSTRAINED=1`: tool calls decoded without their
+/// constraint, for measurements (bench/tools' parse rate without it).
+fn tools_unconstrained() -> bool {
+    std::env::var_os("CMPL_TOOLS_UNCONSTRAINED").is_some_and(|v| v == "1")
 }

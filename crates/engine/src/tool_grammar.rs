@@ -71,18 +71,52 @@ pub fn lark(
         ),
         (_, None) => (format!("body | {FENCED}"), calls_of(tools.parallel)),
     };
-    let start = match tools.choice {
-        Choice::Auto => "TEXT | calls",
-        _ => "calls",
+    let more = if tools.parallel {
+        " (\"\\n\" call)*"
+    } else {
+        ""
+    };
+    // Under `auto`, calls may also follow words: opened by the family's
+    // wrapper, or by a JSON code block except in Mistral's (which lists its
+    // calls after its wrapper). Words hold no opening but as the start of
+    // calls, so that where calls begin is plain (`tools::opening_at`).
+    let (mut after_words, mut leads) = (Vec::new(), String::new());
+    if format != Format::Mistral {
+        after_words.push(format!("LEAD_FENCE body \"\\n```\"{more}"));
+        leads.push_str("LEAD_FENCE: TEXT \"```json\\n\"\n");
+    }
+    if let Some((open, close)) = format.wrapper() {
+        let rest = match format {
+            Format::Mistral if tools.parallel => "\"[\" body (\", \" body)* \"]\"".to_string(),
+            Format::Mistral => "\"[\" body \"]\"".to_string(),
+            _ => format!("\"\\n\" body \"\\n\" {}{more}", text(close)),
+        };
+        if special(open) {
+            after_words.push(format!("TEXT {} {rest}", text(open)));
+        } else {
+            after_words.push(format!("LEAD_OPEN {rest}"));
+            leads.push_str(&format!("LEAD_OPEN: TEXT {}\n", text(open)));
+        }
+    }
+    let (start, lead) = match tools.choice {
+        Choice::Auto => (
+            "TEXT | calls | after_words",
+            format!("after_words: {}\n{leads}", after_words.join(" | ")),
+        ),
+        _ => ("calls", String::new()),
     };
     format!(
         "start: {start}\n\
          calls: {calls}\n\
          call: {call}\n\
          body: %json {body}\n\
-         TEXT: /{WORDS}/\n"
+         {lead}\
+         TEXT: /{WORDS}/ & ~/{HOLDS_OPENING}/\n"
     )
 }
+
+/// Text that holds a call opening (`tools::OPENINGS`).
+const HOLDS_OPENING: &str = r"[\s\S]*(```json|<tool_call>|\[TOOL_CALLS\])[\s\S]*";
 
 /// A call in a Markdown code block, as small models write one.
 const FENCED: &str = "\"```json\\n\" body \"\\n```\"";
@@ -110,7 +144,15 @@ mod tests {
             .unwrap()
             .unwrap();
         let hermes = lark(&tools, Format::Hermes, |t| t == "<tool_call>", Value::clone);
-        assert!(hermes.starts_with("start: TEXT | calls\n"), "{hermes}");
+        assert!(
+            hermes.starts_with("start: TEXT | calls | after_words\n"),
+            "{hermes}"
+        );
+        // Words, then a code block or the wrapper's token opens calls.
+        assert!(
+            hermes.contains("after_words: LEAD_FENCE body \"\\n```\" (\"\\n\" call)* | TEXT <tool_call> \"\\n\" body"),
+            "{hermes}"
+        );
         assert!(
             hermes.contains(
                 "call: <tool_call> \"\\n\" body \"\\n\" \"</tool_call>\" | body | \"```json"
