@@ -243,3 +243,32 @@ fn an_assistant_turns_reasoning_goes_back_to_a_template_that_reads_it() {
             "`messages[1].reasoning_content` must be a string, not the number 7",
         );
 }
+
+#[test]
+fn a_tool_call_follows_the_thinking_constrained_as_ever() {
+    let model = tool_model_path().display().to_string();
+    let t = qwen3();
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+            "required": ["city"]}}}]);
+    let body = json!({"messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+        "tools": tools, "tool_choice": "required", "reasoning_budget": 4,
+        "max_tokens": 64, "temperature": 0});
+    let out = cmpl(&["-m", &model, "--chat-template", &t, "--json"])
+        .stdin(body.to_string())
+        .run();
+    let v = out.json();
+    let choice = &v["choices"][0];
+    // The thinking is free and apart; the answer after it is the call.
+    let reasoning = choice["reasoning_content"].as_str().unwrap();
+    assert!(
+        !reasoning.is_empty() && !reasoning.contains("</think>"),
+        "{v}"
+    );
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    let call = &choice["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_weather", "{v}");
+    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args["city"], "Paris", "{v}");
+    common::schema::assert_valid("CompletionResponse", &v);
+}

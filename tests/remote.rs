@@ -331,3 +331,51 @@ fn a_schema_request_gets_valid_json_from_llama_server() {
         .run()
         .fails(2, "not regexes");
 }
+
+#[test]
+fn a_thinking_template_goes_remote_only_without_thinking() {
+    let server = LlamaServer::start(&["-np", "1"]);
+    let url = server.url();
+    let t = common::run::real_template("Qwen-Qwen3-0.6B.jinja");
+    let ask = [
+        "--chat-template",
+        t.as_str(),
+        "Say hi.",
+        "--max-tokens",
+        "12",
+        "--temperature",
+        "0",
+    ];
+    // --no-think: the rendered turn closes the reasoning, so the server's
+    // answer is the answer alone, as the local run's.
+    let local = cmpl(&ask).args(["--no-think", "--lookup", "0"]).run();
+    let remote = cmpl(&ask).args(["--no-think", "--base-url", &url]).run();
+    assert_eq!(remote.ok(), local.ok());
+    // Thinking (the template's default) cannot be split there: refused by
+    // field, with the way out.
+    let out = cmpl(&ask).args(["--json", "--base-url", &url]).run();
+    out.fails(2, "give --no-think");
+    assert_eq!(out.json()["error"]["param"], "think");
+    cmpl(&ask)
+        .args(["--reasoning-budget", "4", "--base-url", &url])
+        .run()
+        .fails(2, "`reasoning_budget`: a thinking model's reasoning");
+    // Tools are constrained and read where the model runs: refused by name.
+    let dir = tempfile::tempdir().unwrap();
+    let tools = dir.path().join("tools.json");
+    std::fs::write(
+        &tools,
+        r#"[{"type": "function", "function": {"name": "get_weather"}}]"#,
+    )
+    .unwrap();
+    let out = cmpl(&ask)
+        .args(["--no-think", "--json", "--tools"])
+        .args([&tools])
+        .args(["--base-url", &url])
+        .run();
+    out.fails(
+        2,
+        "`tools` are read and constrained where the chat is rendered",
+    );
+    assert_eq!(out.json()["error"]["param"], "tools");
+}

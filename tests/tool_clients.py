@@ -102,14 +102,22 @@ def get_weather(city: str) -> str:
 
 chat = ChatOpenAI(base_url=api, api_key="unused", model="m", temperature=0, max_tokens=64, max_retries=0)
 bound = chat.bind_tools([get_weather])
+# The loop an agent runs: invoke with the tools bound, run each call, give
+# its result back, until the model answers in words (bounded). After a
+# result the tools stay bound and `none` asks for words (this small model
+# would call again under `auto`).
 history = [HumanMessage("What is the weather in Paris?")]
-reply = bound.invoke(history)
-assert reply.tool_calls and reply.tool_calls[0]["name"] == "get_weather", reply
-assert reply.tool_calls[0]["args"]["city"] == "Paris", reply.tool_calls
-history += [reply, ToolMessage(get_weather.invoke(reply.tool_calls[0]["args"]),
-                               tool_call_id=reply.tool_calls[0]["id"])]
-answer = chat.invoke(history)
-assert not answer.tool_calls and "21" in answer.content, answer
+answered = bound.bind(tool_choice="none")
+for turn in range(3):
+    reply = (bound if turn == 0 else answered).invoke(history)
+    history.append(reply)
+    if not reply.tool_calls:
+        break
+    for call in reply.tool_calls:
+        assert call["name"] == "get_weather" and call["args"]["city"] == "Paris", reply.tool_calls
+        history.append(ToolMessage(get_weather.invoke(call["args"]), tool_call_id=call["id"]))
+assert turn == 1 and len(history) == 4, history
+assert not history[-1].tool_calls and "21" in history[-1].content, history[-1]
 
 # `llm`: an OpenAI-compatible model with a Python function as its tool.
 with tempfile.TemporaryDirectory() as home:

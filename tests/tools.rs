@@ -138,6 +138,9 @@ fn bad_tools_are_refused_by_the_field_that_holds_them() {
         .map(|i| json!({"type": "function", "function": {"name": format!("f{i}")}}))
         .collect();
     run(&json!(many), &[]).fails(2, "has 129 tools; a request offers at most 128");
+    let long = json!([{"type": "function", "function": {"name": "f",
+        "description": "x".repeat(256 * 1024)}}]);
+    run(&long, &[]).fails(2, "is over 256 KiB; shorten the descriptions");
     run(&weather(), &["--json-object"]).fails(2, "one constraint per request");
     // A template that never reads `tools` would drop them: said, with the fix.
     let smol = second_model_path().display().to_string();
@@ -157,4 +160,67 @@ fn bad_tools_are_refused_by_the_field_that_holds_them() {
     let (status, text) = served.send("POST", "/v1/chat/completions", &body.to_string(), None);
     assert_eq!(status, 400, "{text}");
     assert!(text.contains("belongs to an assistant's message"), "{text}");
+}
+
+/// Other families' real templates (llama.cpp's collection) given to the
+/// tool model: each renders the tools, the call is constrained to the
+/// family's format and read back, and a second turn that carries the API's
+/// call ids renders (Mistral's templates take only nine-character ids).
+#[test]
+fn each_familys_template_renders_the_tools_and_its_calls_parse() {
+    let model = tool_model_path().display().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let tools = tools_file(&dir, &weather());
+    let families = [
+        ("meta-llama-Llama-3.1-8B-Instruct.jinja", "\"parameters\""),
+        (
+            "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+            "\"arguments\"",
+        ),
+        (
+            "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja",
+            "\"arguments\"",
+        ),
+        ("Qwen-Qwen3-0.6B.jinja", "\"arguments\""),
+    ];
+    for (name, key) in families {
+        let t = common::run::real_template(name);
+        let out = cmpl(&["-m", &model, "--chat-template", &t, "--tools", &tools])
+            .args(["--no-think"].iter().filter(|_| name.starts_with("Qwen")))
+            .args([
+                "--tool-choice",
+                "required",
+                "--temperature",
+                "0",
+                "--max-tokens",
+                "64",
+            ])
+            .args(["--json", "--echo", "What is the weather in Paris?"])
+            .run();
+        let v = out.json();
+        let prompt = v["prompt"][0]["text"].as_str().unwrap();
+        assert!(prompt.contains("get_weather"), "{name}: {prompt:?}");
+        let choice = &v["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls", "{name}: {v}");
+        let text = choice["text"].as_str().unwrap();
+        assert!(text.contains(key), "{name}: {text:?}");
+        let call = &choice["tool_calls"][0]["function"];
+        assert_eq!(call["name"], "get_weather", "{name}: {v}");
+        let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+        assert_eq!(args["city"], "Paris", "{name}: {v}");
+        // The second turn, with the id the API gave the call.
+        let id = choice["tool_calls"][0]["id"].as_str().unwrap();
+        let body = json!({"messages": [
+            {"role": "user", "content": "What is the weather in Paris?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
+                "function": {"name": "get_weather", "arguments": call["arguments"]}}]},
+            {"role": "tool", "tool_call_id": id, "content": "21 C, clear"}],
+            "tools": weather(), "tool_choice": "none", "max_tokens": 1, "echo": true});
+        let v = cmpl(&["-m", &model, "--chat-template", &t, "--json"])
+            .stdin(body.to_string())
+            .run()
+            .json();
+        let prompt = v["prompt"][0]["text"].as_str().unwrap();
+        assert!(prompt.contains("21 C, clear"), "{name}: {prompt:?}");
+    }
 }

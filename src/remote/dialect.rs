@@ -136,7 +136,7 @@ impl Dialect {
         if let Some(field) = thinking(r) {
             return Err(CmplError::invalid(
                 field,
-                "a thinking model's reasoning is split from its answer and bounded where the model runs, and a remote engine is sent a rendered prompt: run the model locally (or send the chat to `cmpl --serve` there)",
+                format!("`{field}`: a thinking model's reasoning is split from its answer and bounded where the model runs, and a remote engine is sent a rendered prompt: give --no-think (and no reasoning budget) to have the answer alone, or run the model locally (or send the chat to `cmpl --serve` there)"),
             ));
         }
         let s = &r.sampling;
@@ -522,12 +522,14 @@ fn tools_refused() -> CmplError {
 }
 
 /// The field that asks a remote engine to think apart: `reasoning_budget`,
-/// `think`, or a template whose answer starts with reasoning.
+/// `think`, or a template whose answer starts with reasoning. `think`
+/// false is sent as the prompt: the rendered turn closes the reasoning
+/// before the answer, so there is nothing to split.
 fn thinking(r: &Request) -> Option<&'static str> {
     let chat = r.chat.as_ref()?;
     if chat.reasoning_budget.is_some() {
         Some(fields::REASONING_BUDGET.name)
-    } else if chat.think.is_some() || r.reasoning.is_some() {
+    } else if chat.think == Some(true) || r.reasoning.is_some() {
         Some(fields::THINK.name)
     } else {
         None

@@ -590,7 +590,12 @@ impl Request {
         let Some(chat) = &mut self.chat else {
             return Ok(());
         };
-        let job = template::Job::new(source, &chat.messages, specials, limit)
+        let format = Format::of(source);
+        let messages = match format {
+            Format::Mistral => crate::tools::mistral_ids(&chat.messages),
+            _ => chat.messages.clone(),
+        };
+        let job = template::Job::new(source, &messages, specials, limit)
             .thinking(chat.think.unwrap_or(true));
         let rendered = match &chat.tools {
             None => crate::sandbox::render(&job)?,
@@ -605,10 +610,11 @@ impl Request {
                     ));
                 }
                 if tools.choice != Choice::None {
-                    self.constraint = Some(Constraint::Tools {
-                        tools: tools.clone(),
-                        format: Format::of(source),
-                    });
+                    let mut tools = tools.clone();
+                    // Llama 3's templates take one call a turn (they raise
+                    // on more), so its model is held to one.
+                    tools.parallel &= format != Format::Llama3;
+                    self.constraint = Some(Constraint::Tools { tools, format });
                 }
                 with
             }

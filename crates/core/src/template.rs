@@ -6,6 +6,7 @@
 
 use crate::error::{CmplError, Result};
 use crate::fields;
+use minijinja::value::Kwargs;
 use minijinja::{Environment, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
 
@@ -357,8 +358,15 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
 }
 
 /// `tojson` as `transformers` defines it: `json.dumps(x, ensure_ascii=False,
-/// indent=indent)`, whose separators are `", "` and `": "` unindented.
-fn tojson(value: Value, indent: Option<usize>) -> std::result::Result<Value, minijinja::Error> {
+/// indent=indent)`, whose separators are `", "` and `": "` unindented. The
+/// indent comes by position or by name (Llama 3.1's `tojson(indent=4)`).
+fn tojson(
+    value: Value,
+    indent: Option<usize>,
+    kwargs: Kwargs,
+) -> std::result::Result<Value, minijinja::Error> {
+    let indent = kwargs.get::<Option<usize>>("indent")?.or(indent);
+    kwargs.assert_all_used()?;
     let json = serde_json::to_value(&value)
         .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
     let mut out = String::new();
@@ -497,5 +505,17 @@ mod tests {
         )
         .unwrap();
         assert_eq!(text, "{\"a\": [1, \"é\"], \"b\": {}}");
+        // The indent by position and by name (Llama 3.1's templates).
+        for call in ["tojson(2)", "tojson(indent=2)"] {
+            let text = render(
+                &format!("{{{{ {{'a': [1]}} | {call} }}}}"),
+                &[],
+                Specials::default(),
+            )
+            .unwrap();
+            assert_eq!(text, "{\n  \"a\": [\n    1\n  ]\n}", "{call}");
+        }
+        let e = render("{{ 1 | tojson(width=2) }}", &[], Specials::default()).unwrap_err();
+        assert!(e.to_string().contains("width"), "{e}");
     }
 }

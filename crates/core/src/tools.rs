@@ -376,6 +376,49 @@ pub fn call_id() -> String {
     )
 }
 
+/// A conversation's call ids as Mistral's templates take them: nine
+/// letters and digits (they raise on any other, and the API's are
+/// `call_…`). Each other id becomes nine characters of its hash, the same
+/// for a call and the `tool` message that answers it.
+pub fn mistral_ids(messages: &[crate::template::Message]) -> Vec<crate::template::Message> {
+    let nine = |id: &str| -> String {
+        if id.len() == 9 && id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return id.to_string();
+        }
+        // FNV-1a: stable across runs and machines, unlike std's hasher.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in id.bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        const DIGITS: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+        (0..9)
+            .map(|_| {
+                let d = DIGITS[(h % 62) as usize] as char;
+                h /= 62;
+                d
+            })
+            .collect()
+    };
+    messages
+        .iter()
+        .map(|m| {
+            let mut m = m.clone();
+            if let Some(id) = &m.tool_call_id {
+                m.tool_call_id = Some(nine(id));
+            }
+            if let Some(Value::Array(calls)) = &mut m.tool_calls {
+                for call in calls {
+                    if let Some(Value::String(id)) = call.get("id") {
+                        let mapped = nine(id);
+                        call["id"] = Value::String(mapped);
+                    }
+                }
+            }
+            m
+        })
+        .collect()
+}
+
 /// A call as the API answers it, with an id of its own.
 pub fn tool_call(call: Call) -> ToolCall {
     ToolCall {
@@ -448,6 +491,29 @@ mod tests {
         json!([{"type": "function", "function": {"name": "get_weather",
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
                {"type": "function", "function": {"name": "get_time"}}])
+    }
+
+    #[test]
+    fn mistral_ids_are_nine_letters_and_digits_the_same_for_a_call_and_its_answer() {
+        use crate::template::Message;
+        let mut call = Message::new("assistant", "");
+        call.tool_calls = Some(
+            json!([{"id": "call_0123456789abcdef01234567", "type": "function",
+            "function": {"name": "f", "arguments": {}}}]),
+        );
+        let mut answer = Message::new("tool", "12");
+        answer.tool_call_id = Some("call_0123456789abcdef01234567".into());
+        let mut kept = Message::new("tool", "13");
+        kept.tool_call_id = Some("a1B2c3D4e".into());
+        let mapped = mistral_ids(&[call, answer, kept]);
+        let id = mapped[0].tool_calls.as_ref().unwrap()[0]["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert_eq!(id.len(), 9);
+        assert!(id.bytes().all(|b| b.is_ascii_alphanumeric()), "{id}");
+        assert_eq!(mapped[1].tool_call_id.as_deref(), Some(id.as_str()));
+        assert_eq!(mapped[2].tool_call_id.as_deref(), Some("a1B2c3D4e"));
     }
 
     #[test]

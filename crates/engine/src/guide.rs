@@ -246,7 +246,7 @@ impl Guides {
                 TopLevelGrammar::from_lark(crate::tool_grammar::lark(
                     tools,
                     *format,
-                    |text| trie.get_special_token(text).is_some(),
+                    |text| trie.get_special_token(text),
                     bounds::close_objects,
                 ))
             }
@@ -596,5 +596,62 @@ pub(crate) mod tests {
         assert!(!takes(&c, &format!("Sure.\n```json\n{call}\n``` and more")).0);
         assert!(!takes(&c, r#"Sure.\n```json\n{"name": "g""#).0);
         assert_eq!(takes(&c, "See ```python\nx = 1\n```"), (true, true));
+    }
+
+    #[test]
+    fn a_wrapper_that_is_a_special_token_opens_calls_by_its_id() {
+        use cmpl_core::tools::{Format, Tools};
+        // Mistral's `[TOOL_CALLS]` and Qwen's `<tool_call>` as special
+        // tokens: llguidance reads `<[…]>` as ids, so a name in square
+        // brackets can only be written by its number.
+        let mut words = toy_words();
+        let end = words.pop().unwrap();
+        let specials = ["[TOOL_CALLS]", "<tool_call>", "</tool_call>"];
+        for s in specials {
+            words.push([&[0xFF], s.as_bytes()].concat());
+        }
+        words.push(end);
+        let end = words.len() as u32 - 1;
+        let special = |s: &str| {
+            let marked = [&[0xFF], s.as_bytes()].concat();
+            words.iter().position(|w| *w == marked).unwrap() as u32
+        };
+        let guides = Guides::new(words.clone(), &[end]).unwrap();
+        let given = json!([{"type": "function", "function": {"name": "f",
+            "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}]);
+        let tools = Tools::from_fields(Some(&given), Some(&json!("required")), None)
+            .unwrap()
+            .unwrap();
+        let call = r#"{"name": "f", "arguments": {"x": 1}}"#;
+        for (format, open, body, close) in [
+            (Format::Mistral, "[TOOL_CALLS]", format!("[{call}]"), None),
+            (
+                Format::Hermes,
+                "<tool_call>",
+                format!("\n{call}\n"),
+                Some("</tool_call>"),
+            ),
+        ] {
+            let c = Constraint::Tools {
+                tools: tools.clone(),
+                format,
+            };
+            let mut g = guides
+                .compile(&c)
+                .unwrap_or_else(|e| panic!("{format:?}: {e}"))
+                .guide();
+            assert!(g.allows(special(open)).unwrap(), "{format:?}");
+            g.consume(special(open)).unwrap();
+            for b in body.bytes() {
+                let t = id(&(b as char).to_string());
+                assert!(g.allows(t).unwrap(), "{format:?} at {:?}", b as char);
+                g.consume(t).unwrap();
+            }
+            if let Some(close) = close {
+                assert!(g.allows(special(close)).unwrap(), "{format:?}");
+                g.consume(special(close)).unwrap();
+            }
+            assert!(g.complete() || g.allows(end).unwrap(), "{format:?}");
+        }
     }
 }

@@ -9,14 +9,15 @@
 use cmpl_core::tools::{Choice, Format, Tools};
 use serde_json::{json, Value};
 
-/// The grammar for `tools` in `format`. `special` says whether a wrapper's
-/// text is one special token of the model's (`<tool_call>` is one in
-/// Qwen 2.5's vocabulary, which text drops); `schema` readies a tool's
-/// parameters as structured output readies a schema.
+/// The grammar for `tools` in `format`. `special` gives the id of a
+/// wrapper's text where it is one special token of the model's
+/// (`<tool_call>` is 151657 in Qwen 2.5's vocabulary, which text drops);
+/// `schema` readies a tool's parameters as structured output readies a
+/// schema.
 pub fn lark(
     tools: &Tools,
     format: Format,
-    special: impl Fn(&str) -> bool,
+    special: impl Fn(&str) -> Option<u32>,
     schema: impl Fn(&Value) -> Value,
 ) -> String {
     let key = format.arguments_key();
@@ -39,12 +40,11 @@ pub fn lark(
     // One line, `, ` and `: ` between items, as templates show calls.
     body["x-guidance"] =
         json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "});
-    let text = |t: &str| {
-        if special(t) {
-            format!("<{}>", t.trim_start_matches('<').trim_end_matches('>'))
-        } else {
-            serde_json::to_string(t).unwrap_or_default()
-        }
+    // A special token by its id: llguidance names tokens only in angle
+    // brackets, and reads `<[…]>` as ids (Mistral's `[TOOL_CALLS]`).
+    let text = |t: &str| match special(t) {
+        Some(id) => format!("<[{id}]>"),
+        None => serde_json::to_string(t).unwrap_or_default(),
     };
     let (call, calls) = match (format, format.wrapper()) {
         (Format::Mistral, Some((open, _))) => {
@@ -91,7 +91,7 @@ pub fn lark(
             Format::Mistral => "\"[\" body \"]\"".to_string(),
             _ => format!("\"\\n\" body \"\\n\" {}{more}", text(close)),
         };
-        if special(open) {
+        if special(open).is_some() {
             after_words.push(format!("TEXT {} {rest}", text(open)));
         } else {
             after_words.push(format!("LEAD_OPEN {rest}"));
@@ -143,19 +143,24 @@ mod tests {
         let tools = Tools::from_fields(Some(&given), None, None)
             .unwrap()
             .unwrap();
-        let hermes = lark(&tools, Format::Hermes, |t| t == "<tool_call>", Value::clone);
+        let hermes = lark(
+            &tools,
+            Format::Hermes,
+            |t| (t == "<tool_call>").then_some(151657),
+            Value::clone,
+        );
         assert!(
             hermes.starts_with("start: TEXT | calls | after_words\n"),
             "{hermes}"
         );
         // Words, then a code block or the wrapper's token opens calls.
         assert!(
-            hermes.contains("after_words: LEAD_FENCE body \"\\n```\" (\"\\n\" call)* | TEXT <tool_call> \"\\n\" body"),
+            hermes.contains("after_words: LEAD_FENCE body \"\\n```\" (\"\\n\" call)* | TEXT <[151657]> \"\\n\" body"),
             "{hermes}"
         );
         assert!(
             hermes.contains(
-                "call: <tool_call> \"\\n\" body \"\\n\" \"</tool_call>\" | body | \"```json"
+                "call: <[151657]> \"\\n\" body \"\\n\" \"</tool_call>\" | body | \"```json"
             ),
             "{hermes}"
         );
@@ -164,12 +169,12 @@ mod tests {
             parallel: false,
             ..tools
         };
-        let mistral = lark(&required, Format::Mistral, |_| false, Value::clone);
+        let mistral = lark(&required, Format::Mistral, |_| None, Value::clone);
         assert!(
             mistral.starts_with("start: calls\ncalls: \"[TOOL_CALLS]\" \"[\" body \"]\""),
             "{mistral}"
         );
-        let llama = lark(&required, Format::Llama3, |_| false, Value::clone);
+        let llama = lark(&required, Format::Llama3, |_| None, Value::clone);
         assert!(llama.contains("\"parameters\""), "{llama}");
     }
 }
