@@ -73,7 +73,7 @@ set edit:completion:arg-completer[cmpl] = {|@words|
             cand --reasoning 'Text mode: where a thinking model''s reasoning goes. auto: to stderr, dimmed, when stderr is a terminal (a person watching sees it think), else nowhere (logs stay the answers''); show: to stderr always; hide: nowhere. Stdout holds the answer alone either way'
             cand --generate 'Print the man page or a shell completion script'
             cand --json-object 'The text is a JSON object (response_format json_object)'
-            cand --think 'A thinking model reasons before it answers: the template''s enable_thinking (the default; implies --chat). The reasoning is kept apart from the answer (--reasoning; reasoning_content in JSON)'
+            cand --think 'A thinking model reasons before it answers: the template''s enable_thinking (unset, each template keeps its own default; implies --chat). The reasoning is kept apart from the answer (--reasoning; reasoning_content in JSON)'
             cand --no-think 'A thinking model answers without reasoning (enable_thinking false, or its reasoning closed at once; implies --chat)'
             cand --json 'Print the API''s JSON: one CompletionResponse, or SSE chunks with --stream'
             cand --no-prefix-cache 'Evaluate every prompt from its first token, instead of starting from the KV cells of an earlier prompt that began the same way (batch lines, server requests; kept while memory allows)'

@@ -63,7 +63,7 @@ complete-powershell\t''
 complete-elvish\t''
 fields\t''"
 complete -c cmpl -l json-object -d 'The text is a JSON object (response_format json_object)'
-complete -c cmpl -l think -d 'A thinking model reasons before it answers: the template\'s enable_thinking (the default; implies --chat). The reasoning is kept apart from the answer (--reasoning; reasoning_content in JSON)'
+complete -c cmpl -l think -d 'A thinking model reasons before it answers: the template\'s enable_thinking (unset, each template keeps its own default; implies --chat). The reasoning is kept apart from the answer (--reasoning; reasoning_content in JSON)'
 complete -c cmpl -l no-think -d 'A thinking model answers without reasoning (enable_thinking false, or its reasoning closed at once; implies --chat)'
 complete -c cmpl -l json -d 'Print the API\'s JSON: one CompletionResponse, or SSE chunks with --stream'
 complete -c cmpl -l no-prefix-cache -d 'Evaluate every prompt from its first token, instead of starting from the KV cells of an earlier prompt that began the same way (batch lines, server requests; kept while memory allows)'

@@ -26,19 +26,28 @@ fn template(name: &str) -> String {
 /// What `transformers` renders for `messages` with `template` (a file, or
 /// the model's own for `None`), by tests/chat_reference.py.
 fn reference(model: &str, template: Option<&str>, messages: &Value) -> String {
+    reference_with(model, template, messages, None).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The same, with `tools` offered; `Err` where jinja2 fails on the template.
+fn reference_with(
+    model: &str,
+    template: Option<&str>,
+    messages: &Value,
+    tools: Option<&Value>,
+) -> Result<String, String> {
     let python = common::sdk::sdk_python_path();
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/chat_reference.py");
     let out = std::process::Command::new(python)
         .arg(script)
         .args([model, template.unwrap_or("-"), &messages.to_string()])
+        .args(tools.map(Value::to_string))
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    match out.status.success() {
+        true => Ok(String::from_utf8(out.stdout).unwrap()),
+        false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+    }
 }
 
 /// The prompt as cmpl rendered it (`--echo`), and the response.
@@ -385,4 +394,82 @@ fn a_remote_engine_is_sent_the_rendered_prompt() {
     cmpl(&["--base-url", &server.url(), "--chat", QUESTION])
         .run()
         .fails(2, "--chat-template FILE");
+}
+
+/// Every template in llama.cpp's collection, given tools and a conversation
+/// that called one and had its answer, renders as transformers renders it
+/// (the reasoning's opening that cmpl adds aside), or is refused where it
+/// never reads `tools`; where jinja2 itself fails on it, cmpl fails cleanly.
+#[test]
+fn the_collections_templates_render_tools_and_calls_as_jinja_does() {
+    let model = common::run::model_path().display().to_string();
+    let dir =
+        std::env::var_os("CMPL_TEMPLATES").expect("CMPL_TEMPLATES is not set: run scripts/test");
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "Get the current weather in a city", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
+    // Arguments as objects, as cmpl hands them to templates (the API sends
+    // JSON text); an id Mistral's templates take; content "" where the API
+    // sends null, as cmpl passes it.
+    let call = |arguments: Value| {
+        json!([{"id": "a1b2c3d4e", "type": "function",
+        "function": {"name": "get_weather", "arguments": arguments}}])
+    };
+    let conversation = |content: Value, arguments: Value| {
+        json!([
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": content, "tool_calls": call(arguments)},
+        {"role": "tool", "tool_call_id": "a1b2c3d4e", "content": "21 C"}])
+    };
+    let for_reference = conversation(json!(""), json!({"city": "Paris"}));
+    let body = json!({"messages": conversation(Value::Null, json!("{\"city\": \"Paris\"}")),
+        "tools": tools, "tool_choice": "none", "max_tokens": 1, "temperature": 0, "echo": true});
+    // Where transformers and cmpl differ on purpose, or by jinja2's quirks:
+    // Python's repr of a dict printed whole (Apriel's `{{ tool }}`), and
+    // markupsafe escaping what `|safe` text is joined to (functionary 3.1).
+    let known = [
+        "Apriel-1.6-15b-Thinker-fixed.jinja",
+        "unsloth-Apriel-1.5.jinja",
+        "meetkai-functionary-medium-v3.1.jinja",
+    ];
+    let openings = ["", "<think>\n", "[THINK]", "<|channel|>analysis<|message|>"];
+    let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "jinja"))
+        .collect();
+    names.sort();
+    assert!(names.len() > 40, "{names:?}");
+    let mut same = 0;
+    for path in names {
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let t = path.display().to_string();
+        let out = cmpl(&["-m", &model, "--chat-template", &t, "--json"])
+            .stdin(body.to_string())
+            .run();
+        assert!(!out.stderr.contains("panicked"), "{name}: {}", out.stderr);
+        let Ok(want) = reference_with(&model, Some(&t), &for_reference, Some(&tools)) else {
+            assert!([0, 2].contains(&out.code), "{name}: {}", out.stderr);
+            continue;
+        };
+        if out.code == 2 && out.stderr.contains("the chat template ignores `tools`") {
+            let without = reference_with(&model, Some(&t), &for_reference, None);
+            assert_eq!(without.as_ref(), Ok(&want), "{name} reads tools");
+            continue;
+        }
+        let v = out.json();
+        let got = v["prompt"][0]["text"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name}: {v}"));
+        if known.contains(&name.as_str()) {
+            continue;
+        }
+        let added = got.strip_prefix(want.as_str());
+        assert!(
+            added.is_some_and(|a| openings.contains(&a)),
+            "{name}:\ncmpl: {got:?}\njinja2: {want:?}"
+        );
+        same += 1;
+    }
+    assert!(same >= 40, "only {same} templates rendered as jinja2 does");
 }

@@ -3,7 +3,8 @@ Hugging Face's `transformers` renders it (`apply_chat_template`: jinja2's
 sandbox with trim_blocks and lstrip_blocks, loop controls, raise_exception,
 strftime_now, its own tojson), with the template and the BOS and EOS texts
 read from the GGUF file itself (or the template from a file).
-argv: MODEL.gguf TEMPLATE_FILE|- MESSAGES_JSON. Prints the text, nothing else."""
+argv: MODEL.gguf TEMPLATE_FILE|- MESSAGES_JSON [TOOLS_JSON]. Prints the text,
+nothing else."""
 import json, struct, sys
 from datetime import datetime
 
@@ -12,6 +13,8 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 model, template_file, messages = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+# Tools as transformers passes them: the variable is left out when none.
+extra = {"tools": json.loads(sys.argv[4])} if len(sys.argv) > 4 else {}
 
 
 def gguf_metadata(path):
@@ -74,5 +77,6 @@ text = env.from_string(source).render(
     add_generation_prompt=True,
     bos_token=token("tokenizer.ggml.bos_token_id"),
     eos_token=token("tokenizer.ggml.eos_token_id"),
+    **extra,
 )
 sys.stdout.write(text)

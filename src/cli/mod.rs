@@ -239,8 +239,9 @@ pub struct Cli {
     pub parallel_tool_calls: Option<bool>,
 
     /// A thinking model reasons before it answers: the template's
-    /// enable_thinking (the default; implies --chat). The reasoning is kept
-    /// apart from the answer (--reasoning; reasoning_content in JSON).
+    /// enable_thinking (unset, each template keeps its own default; implies
+    /// --chat). The reasoning is kept apart from the answer (--reasoning;
+    /// reasoning_content in JSON).
     #[arg(long, overrides_with = "no_think", help_heading = "Chat")]
     pub think: bool,
 

@@ -366,7 +366,7 @@ pub const THINK: Field = Field {
     flag: Some("think"),
     chat: InChat::AsIs,
     remote: [Refused; 3],
-    doc: "Whether a thinking model reasons before its answer (the template's `enable_thinking`; default true; --no-think). Through --base-url only false, which the rendered prompt carries.",
+    doc: "Whether a thinking model reasons before its answer (the template's `enable_thinking`, where given; else the template's own default; --no-think). Through --base-url only false, which the rendered prompt carries.",
 };
 pub const REASONING_BUDGET: Field = Field {
     name: "reasoning_budget",

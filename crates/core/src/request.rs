@@ -596,7 +596,7 @@ impl Request {
             _ => chat.messages.clone(),
         };
         let job = template::Job::new(source, &messages, specials, limit)
-            .thinking(chat.think.unwrap_or(true));
+            .thinking(chat.think.or(chat.reasoning_budget.map(|_| true)));
         let rendered = match &chat.tools {
             None => crate::sandbox::render(&job)?,
             Some(tools) => {

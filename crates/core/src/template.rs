@@ -74,14 +74,11 @@ pub struct Job {
     /// The template's `tools` variable, as `transformers` passes it.
     #[serde(default)]
     pub tools: Option<serde_json::Value>,
-    /// The template's `enable_thinking` (Qwen3's, SmolLM3's): true unless
-    /// the request says `think`: false.
-    #[serde(default = "yes")]
-    pub enable_thinking: bool,
-}
-
-fn yes() -> bool {
-    true
+    /// The template's `enable_thinking` (Qwen3's, SmolLM3's), where the
+    /// request says `think`; left undefined otherwise, so that each
+    /// template keeps its own default (Qwen3's thinks, Gemma 4's does not).
+    #[serde(default)]
+    pub enable_thinking: Option<bool>,
 }
 
 impl Job {
@@ -93,12 +90,12 @@ impl Job {
             eos: specials.eos.to_string(),
             limit,
             tools: None,
-            enable_thinking: true,
+            enable_thinking: None,
         }
     }
 
     /// The same render with `enable_thinking` set.
-    pub fn thinking(self, enable_thinking: bool) -> Job {
+    pub fn thinking(self, enable_thinking: Option<bool>) -> Job {
         Job {
             enable_thinking,
             ..self
@@ -147,7 +144,7 @@ pub fn render_here(job: &Job) -> Result<Rendered> {
 fn end_of_turn(source: &str, specials: Specials) -> Option<String> {
     const MARK: &str = "\u{e000}cmpl-answer\u{e000}";
     let turns = [Message::new("user", "Hi"), Message::new("assistant", MARK)];
-    let text = render_with(source, &turns, None, specials, (false, true), 64 << 10).ok()?;
+    let text = render_with(source, &turns, None, specials, (false, None), 64 << 10).ok()?;
     let (_, after) = text.split_once(MARK)?;
     let end = after.split_whitespace().next()?;
     (!end.contains('\u{e000}')).then(|| end.to_string())
@@ -177,7 +174,7 @@ fn render_with(
     messages: &[Message],
     tools: Option<&serde_json::Value>,
     specials: Specials,
-    (generation_prompt, enable_thinking): (bool, bool),
+    (generation_prompt, enable_thinking): (bool, Option<bool>),
     limit: usize,
 ) -> Result<String> {
     let mut env = Environment::new();
@@ -188,6 +185,7 @@ fn render_with(
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", strftime_now);
     env.add_filter("tojson", tojson);
+    env.add_test("iterable", iterable);
     env.add_template("chat_template", source).map_err(|e| {
         CmplError::invalid(
             fields::CHAT_TEMPLATE.name,
@@ -204,7 +202,7 @@ fn render_with(
         messages => messages,
         tools => tools,
         add_generation_prompt => generation_prompt,
-        enable_thinking => enable_thinking,
+        enable_thinking => enable_thinking.map_or(Value::UNDEFINED, Value::from),
         bos_token => specials.bos,
         eos_token => specials.eos,
     };
@@ -358,62 +356,121 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
 }
 
 /// `tojson` as `transformers` defines it: `json.dumps(x, ensure_ascii=False,
-/// indent=indent)`, whose separators are `", "` and `": "` unindented. The
-/// indent comes by position or by name (Llama 3.1's `tojson(indent=4)`).
+/// indent=None, separators=None, sort_keys=False)`, each by name (GLM's
+/// and Kimi's templates name `ensure_ascii`, Llama 3.1's `indent`) or the
+/// indent by position.
 fn tojson(
     value: Value,
     indent: Option<usize>,
     kwargs: Kwargs,
 ) -> std::result::Result<Value, minijinja::Error> {
     let indent = kwargs.get::<Option<usize>>("indent")?.or(indent);
+    let separators = kwargs.get::<Option<Vec<String>>>("separators")?;
+    let (item, key) = match separators.as_deref() {
+        None if indent.is_some() => (",".to_string(), ": ".to_string()),
+        None => (", ".to_string(), ": ".to_string()),
+        Some([item, key]) => (item.clone(), key.clone()),
+        Some(_) => {
+            return Err(minijinja::Error::new(
+                ErrorKind::InvalidOperation,
+                "tojson: `separators` must be two strings (item, key)",
+            ))
+        }
+    };
+    let style = JsonStyle {
+        indent,
+        item,
+        key,
+        ascii: kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false),
+        sort: kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false),
+    };
     kwargs.assert_all_used()?;
     let json = serde_json::to_value(&value)
         .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
     let mut out = String::new();
-    python_json(&json, indent, 0, &mut out);
+    python_json(&json, &style, 0, &mut out);
     Ok(Value::from_safe_string(out))
 }
 
-fn python_json(v: &serde_json::Value, indent: Option<usize>, depth: usize, out: &mut String) {
+/// Jinja's `iterable` as Python has it: `none` is not (minijinja's says it
+/// is, and then `tools | length` fails in Qwen3-Coder's template, which
+/// asks `tools is iterable and tools | length > 0` of the `none` a chat
+/// without tools passes); undefined is, as jinja2's empty Undefined.
+fn iterable(value: Value) -> bool {
+    use minijinja::value::ValueKind as K;
+    match value.kind() {
+        K::None | K::Bool | K::Number => false,
+        K::Undefined => true,
+        _ => value.try_iter().is_ok(),
+    }
+}
+
+/// How Python's `json.dumps` was asked to write.
+struct JsonStyle {
+    indent: Option<usize>,
+    item: String,
+    key: String,
+    /// `ensure_ascii`: every other character as `\uXXXX`.
+    ascii: bool,
+    sort: bool,
+}
+
+fn python_json(v: &serde_json::Value, style: &JsonStyle, depth: usize, out: &mut String) {
     use serde_json::Value as J;
     let newline = |out: &mut String, depth: usize| {
-        if let Some(width) = indent {
+        if let Some(width) = style.indent {
             out.push('\n');
             out.push_str(&" ".repeat(width * depth));
         }
     };
-    let (item_sep, key_sep) = if indent.is_some() {
-        (",", ": ")
-    } else {
-        (", ", ": ")
+    let string = |out: &mut String, text: &str| {
+        let quoted = J::String(text.to_string()).to_string();
+        if !style.ascii {
+            return out.push_str(&quoted);
+        }
+        for c in quoted.chars() {
+            if c.is_ascii() {
+                out.push(c);
+            } else {
+                let mut units = [0u16; 2];
+                for unit in c.encode_utf16(&mut units) {
+                    out.push_str(&format!("\\u{unit:04x}"));
+                }
+            }
+        }
     };
     match v {
         J::Array(items) if !items.is_empty() => {
             out.push('[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push_str(item_sep);
+                    out.push_str(&style.item);
                 }
                 newline(out, depth + 1);
-                python_json(item, indent, depth + 1, out);
+                python_json(item, style, depth + 1, out);
             }
             newline(out, depth);
             out.push(']');
         }
         J::Object(map) if !map.is_empty() => {
+            let mut entries: Vec<_> = map.iter().collect();
+            if style.sort {
+                entries.sort_by(|a, b| a.0.cmp(b.0));
+            }
             out.push('{');
-            for (i, (key, item)) in map.iter().enumerate() {
+            for (i, (key, item)) in entries.into_iter().enumerate() {
                 if i > 0 {
-                    out.push_str(item_sep);
+                    out.push_str(&style.item);
                 }
                 newline(out, depth + 1);
-                out.push_str(&serde_json::Value::String(key.clone()).to_string());
-                out.push_str(key_sep);
-                python_json(item, indent, depth + 1, out);
+                string(out, key);
+                out.push_str(&style.key);
+                python_json(item, style, depth + 1, out);
             }
             newline(out, depth);
             out.push('}');
         }
+        J::String(text) => string(out, text),
         other => out.push_str(&other.to_string()),
     }
 }
@@ -492,6 +549,21 @@ mod tests {
     }
 
     #[test]
+    fn tests_and_thinking_are_as_transformers_has_them() {
+        let t = "{{ none is iterable }} {{ [] is iterable }} {{ 'a' is iterable }} {{ 1 is iterable }} {{ nothing is iterable }}";
+        assert_eq!(
+            render(t, &[], Specials::default()).unwrap(),
+            "False True True False True"
+        );
+        // `enable_thinking` is undefined unless a request sets it.
+        let t = "{{ enable_thinking is defined }}";
+        let job = |think| Job::new(t, &[], Specials::default(), DEFAULT_LIMIT).thinking(think);
+        let said = |think| render_here(&job(think)).unwrap().prompt;
+        assert_eq!(said(None), "False");
+        assert_eq!(said(Some(false)), "True");
+    }
+
+    #[test]
     fn dates_and_json_are_pythons() {
         // 2024-07-23 12:34:56 UTC, a Tuesday.
         assert_eq!(
@@ -515,6 +587,21 @@ mod tests {
             .unwrap();
             assert_eq!(text, "{\n  \"a\": [\n    1\n  ]\n}", "{call}");
         }
+        // Python's other arguments, by name.
+        let text = render(
+            "{{ {'b': 'é', 'a': [1, 2]} | tojson(ensure_ascii=True, separators=(',', ':'), sort_keys=True) }}|{{ 'é😀' | tojson(ensure_ascii=False) }}",
+            &[],
+            Specials::default(),
+        )
+        .unwrap();
+        assert_eq!(text, "{\"a\":[1,2],\"b\":\"\\u00e9\"}|\"é😀\"");
+        let text = render(
+            "{{ '😀' | tojson(ensure_ascii=True) }}",
+            &[],
+            Specials::default(),
+        )
+        .unwrap();
+        assert_eq!(text, "\"\\ud83d\\ude00\"");
         let e = render("{{ 1 | tojson(width=2) }}", &[], Specials::default()).unwrap_err();
         assert!(e.to_string().contains("width"), "{e}");
     }
