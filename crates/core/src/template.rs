@@ -186,6 +186,13 @@ fn render_with(
     env.add_function("strftime_now", strftime_now);
     env.add_filter("tojson", tojson);
     env.add_test("iterable", iterable);
+    env.add_filter("string", python_str);
+    env.set_formatter(|out, state, value| match value.kind() {
+        minijinja::value::ValueKind::Seq | minijinja::value::ValueKind::Map => {
+            Ok(std::fmt::Write::write_str(out, &python_repr(value))?)
+        }
+        _ => minijinja::escape_formatter(out, state, value),
+    });
     env.add_template("chat_template", source).map_err(|e| {
         CmplError::invalid(
             fields::CHAT_TEMPLATE.name,
@@ -405,6 +412,74 @@ fn iterable(value: Value) -> bool {
     }
 }
 
+/// Python's `str()` of a value, as jinja2's `string` filter gives it: a
+/// list or a dict as Python writes it (`{'type': 'function'}`; Apriel's
+/// templates print each tool so), the rest as minijinja writes it.
+fn python_str(value: Value) -> Value {
+    use minijinja::value::ValueKind as K;
+    match value.kind() {
+        K::String => value,
+        K::Seq | K::Map => Value::from(python_repr(&value)),
+        _ => Value::from(value.to_string()),
+    }
+}
+
+/// Python's `repr()`: strings quoted as Python quotes them, `None`,
+/// `True`, lists and dicts with `, ` and `: `.
+fn python_repr(value: &Value) -> String {
+    use minijinja::value::ValueKind as K;
+    match value.kind() {
+        K::String => {
+            let text = value.as_str().unwrap_or_default();
+            let quote = if text.contains('\'') && !text.contains('"') {
+                '"'
+            } else {
+                '\''
+            };
+            let mut out = String::from(quote);
+            for c in text.chars() {
+                match c {
+                    '\\' => out.push_str("\\\\"),
+                    '\n' => out.push_str("\\n"),
+                    '\r' => out.push_str("\\r"),
+                    '\t' => out.push_str("\\t"),
+                    c if c == quote => {
+                        out.push('\\');
+                        out.push(c);
+                    }
+                    c if (c as u32) < 0x20 || (0x7f..=0xa0).contains(&(c as u32)) => {
+                        out.push_str(&format!("\\x{:02x}", c as u32));
+                    }
+                    c => out.push(c),
+                }
+            }
+            out.push(quote);
+            out
+        }
+        K::Seq => {
+            let items: Vec<String> = value
+                .try_iter()
+                .map(|items| items.map(|v| python_repr(&v)).collect())
+                .unwrap_or_default();
+            format!("[{}]", items.join(", "))
+        }
+        K::Map => {
+            let items: Vec<String> = value
+                .try_iter()
+                .map(|keys| {
+                    keys.map(|k| {
+                        let v = value.get_item(&k).unwrap_or_default();
+                        format!("{}: {}", python_repr(&k), python_repr(&v))
+                    })
+                    .collect()
+                })
+                .unwrap_or_default();
+            format!("{{{}}}", items.join(", "))
+        }
+        _ => value.to_string(),
+    }
+}
+
 /// How Python's `json.dumps` was asked to write.
 struct JsonStyle {
     indent: Option<usize>,
@@ -546,6 +621,15 @@ mod tests {
         };
         let text = render(t, &[Message::new("user", "  hi ")], specials).unwrap();
         assert_eq!(text, "<s>HI</s>");
+    }
+
+    #[test]
+    fn dicts_and_lists_print_as_python_prints_them() {
+        let t = "{{ {'a': [1, none, true], 'b': \"it's\", 'c': 'x\\ny'} }}|{{ ['q'] | string }}|{{ 'plain' | string }}";
+        assert_eq!(
+            render(t, &[], Specials::default()).unwrap(),
+            "{'a': [1, None, True], 'b': \"it's\", 'c': 'x\\ny'}|['q']|plain"
+        );
     }
 
     #[test]
