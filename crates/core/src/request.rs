@@ -591,11 +591,15 @@ impl Request {
             return Ok(());
         };
         let format = Format::of(source);
+        let mapped;
         let messages = match format {
-            Format::Mistral => crate::tools::mistral_ids(&chat.messages),
-            _ => chat.messages.clone(),
+            Format::Mistral => {
+                mapped = crate::tools::mistral_ids(&chat.messages);
+                &mapped
+            }
+            _ => &chat.messages,
         };
-        let job = template::Job::new(source, &messages, specials, limit)
+        let job = template::Job::new(source, messages, specials, limit)
             .thinking(chat.think.or(chat.reasoning_budget.map(|_| true)));
         let rendered = match &chat.tools {
             None => crate::sandbox::render(&job)?,

@@ -499,7 +499,7 @@ fn python_json(v: &serde_json::Value, style: &JsonStyle, depth: usize, out: &mut
         }
     };
     let string = |out: &mut String, text: &str| {
-        let quoted = J::String(text.to_string()).to_string();
+        let quoted = serde_json::to_string(text).unwrap_or_default();
         if !style.ascii {
             return out.push_str(&quoted);
         }
@@ -661,30 +661,16 @@ mod tests {
         )
         .unwrap();
         assert_eq!(text, "{\"a\": [1, \"é\"], \"b\": {}}");
+        let alone = |t: &str| render(t, &[], Specials::default()).unwrap();
         // The indent by position and by name (Llama 3.1's templates).
         for call in ["tojson(2)", "tojson(indent=2)"] {
-            let text = render(
-                &format!("{{{{ {{'a': [1]}} | {call} }}}}"),
-                &[],
-                Specials::default(),
-            )
-            .unwrap();
+            let text = alone(&format!("{{{{ {{'a': [1]}} | {call} }}}}"));
             assert_eq!(text, "{\n  \"a\": [\n    1\n  ]\n}", "{call}");
         }
         // Python's other arguments, by name.
-        let text = render(
-            "{{ {'b': 'é', 'a': [1, 2]} | tojson(ensure_ascii=True, separators=(',', ':'), sort_keys=True) }}|{{ 'é😀' | tojson(ensure_ascii=False) }}",
-            &[],
-            Specials::default(),
-        )
-        .unwrap();
+        let text = alone("{{ {'b': 'é', 'a': [1, 2]} | tojson(ensure_ascii=True, separators=(',', ':'), sort_keys=True) }}|{{ 'é😀' | tojson(ensure_ascii=False) }}");
         assert_eq!(text, "{\"a\":[1,2],\"b\":\"\\u00e9\"}|\"é😀\"");
-        let text = render(
-            "{{ '😀' | tojson(ensure_ascii=True) }}",
-            &[],
-            Specials::default(),
-        )
-        .unwrap();
+        let text = alone("{{ '😀' | tojson(ensure_ascii=True) }}");
         assert_eq!(text, "\"\\ud83d\\ude00\"");
         let e = render("{{ 1 | tojson(width=2) }}", &[], Specials::default()).unwrap_err();
         assert!(e.to_string().contains("width"), "{e}");
