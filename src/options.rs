@@ -118,6 +118,9 @@ pub struct Invocation {
 pub const DEFAULT_ADDR: &str = "127.0.0.1:8337";
 /// How long a shutdown waits for requests in flight (`--drain-timeout`).
 pub const DEFAULT_DRAIN_SECS: u64 = 300;
+/// How long a request may wait for a server's slot (`--queue-timeout`): as
+/// long as the OpenAI SDK waits for an answer.
+pub const DEFAULT_QUEUE_SECS: u64 = 600;
 /// Where the server listens.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Listen {
@@ -139,8 +142,8 @@ impl std::fmt::Display for Listen {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServeOptions {
     pub listen: Listen,
-    /// Requests decoded together.
-    pub parallel: u32,
+    /// Requests decoded together (sized to the memory without `--parallel`).
+    pub parallel: Option<u32>,
     pub ctx_size: Option<u32>,
     /// Answer a request naming another model with 404 instead of serving it.
     pub strict_model: bool,
@@ -150,6 +153,11 @@ pub struct ServeOptions {
     pub drain: Duration,
     /// Leave after this long without a request (`--keep-alive`).
     pub keep_alive: Option<Duration>,
+    /// What the requests waiting for a slot may hold (`--queue-memory`;
+    /// without it, a share of the memory free at start).
+    pub queue_memory: Option<u64>,
+    /// How long a request may wait for a slot (`--queue-timeout`).
+    pub queue_timeout: Duration,
     /// Started by a caller (`CMPL_RESIDENT_READY`): stdout is a pipe that
     /// hears `ready` once this listens, or the error that stopped it.
     pub ready_pipe: bool,

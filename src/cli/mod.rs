@@ -289,7 +289,8 @@ pub struct Cli {
     #[arg(long, value_name = "FILE", requires = "batch", help_heading = "Batch")]
     pub output: Option<PathBuf>,
 
-    /// Sequences decoded together in --batch mode [default: 32, fewer if their KV cache would not fit].
+    /// Sequences decoded together in --batch mode, and --serve's slots [default:
+    /// 32, fewer if their KV cache would take over half the memory].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=256), help_heading = "Batch")]
     pub parallel: Option<u32>,
 
@@ -384,6 +385,17 @@ pub struct Cli {
     /// finish before they are cancelled, 0..86400 [default: 300].
     #[arg(long, value_name = "SECS", requires = "serve", value_parser = clap::value_parser!(u64).range(0..=86400), help_heading = "Server")]
     pub drain_timeout: Option<u64>,
+
+    /// With --serve: memory the requests waiting for a slot may hold, in bytes
+    /// (or with K, M or G); a request past it is answered 503 with Retry-After
+    /// [default: an eighth of the memory free at start].
+    #[arg(long, value_name = "SIZE", requires = "serve", value_parser = values::byte_size, help_heading = "Server")]
+    pub queue_memory: Option<u64>,
+
+    /// With --serve: seconds a request may wait for a slot before it is answered
+    /// 503 with Retry-After, 1..86400 [default: 600, the OpenAI SDK's own timeout].
+    #[arg(long, value_name = "SECS", requires = "serve", value_parser = clap::value_parser!(u64).range(1..=86400), help_heading = "Server")]
+    pub queue_timeout: Option<u64>,
 
     /// Send requests to a server's completions API at this root
     /// (http://127.0.0.1:8080/v1) instead of running a local model; given

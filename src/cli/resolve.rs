@@ -71,7 +71,7 @@ impl Cli {
         } else if let Some(addr) = &self.serve {
             Action::Serve(ServeOptions {
                 listen: serve_addr(addr)?,
-                parallel: self.parallel.or(from_config.parallel).unwrap_or(4),
+                parallel: self.parallel.or(from_config.parallel),
                 ctx_size: self.ctx_size.or(from_config.ctx_size),
                 strict_model: self.strict_model,
                 trust_request_templates: self.trust_request_templates,
@@ -80,6 +80,11 @@ impl Cli {
                         .unwrap_or(crate::options::DEFAULT_DRAIN_SECS),
                 ),
                 keep_alive: keep_alive.filter(|d| !d.is_zero()),
+                queue_memory: self.queue_memory,
+                queue_timeout: Duration::from_secs(
+                    self.queue_timeout
+                        .unwrap_or(crate::options::DEFAULT_QUEUE_SECS),
+                ),
                 ready_pipe: std::env::var_os("CMPL_RESIDENT_READY").is_some(),
             })
         } else {

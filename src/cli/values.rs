@@ -5,6 +5,34 @@ use crate::options::Listen;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// A size in bytes as `--queue-memory` takes it: `65536`, `64K`, `256M`, `2G`.
+pub fn byte_size(text: &str) -> std::result::Result<u64, String> {
+    let t = text.trim();
+    let (digits, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => t.split_at(i),
+        None => (t, ""),
+    };
+    let shift = match unit.to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        _ => {
+            return Err(format!(
+                "`{text}` is not a size: give bytes, or a number with K, M or G (256M)"
+            ))
+        }
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1 << shift))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| {
+            format!("`{text}` is not a size: give bytes, or a number with K, M or G (256M)")
+        })
+}
+
 /// A duration as `--keep-alive` takes it: `30s`, `5m`, `1h`, or seconds.
 pub fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
     let text = text.trim();
@@ -71,6 +99,17 @@ mod tests {
         assert!(parse_duration("5d").unwrap_err().contains("not a duration"));
         assert!(parse_duration("-1").is_err());
         assert!(parse_duration("99999999999999999999h").is_err());
+    }
+
+    #[test]
+    fn sizes_in_bytes_or_with_a_unit() {
+        assert_eq!(byte_size("65536"), Ok(65536));
+        assert_eq!(byte_size("64K"), Ok(64 << 10));
+        assert_eq!(byte_size("256m"), Ok(256 << 20));
+        assert_eq!(byte_size("2GiB"), Ok(2 << 30));
+        for bad in ["", "0", "12X", "M", "-1", "99999999999999999999G"] {
+            assert!(byte_size(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -57,8 +57,9 @@ pub async fn run_for_caller(req: hyper::Request<Incoming>, shared: &Shared) -> R
                 .unwrap_or_else(|_| hyper::Response::new(Full::new(Bytes::new()).boxed()));
         }
     };
-    let Some(mut places) = shared.queue.reserve(1) else {
-        let (status, e) = busy("the server is busy: too many requests waiting; retry later");
+    let bytes = request.prompt.len() + super::completions::REQUEST_OVERHEAD;
+    let Some(mut places) = shared.queue.reserve(1, bytes) else {
+        let (status, e) = busy(&super::completions::queue_full(shared));
         return error(status, &e);
     };
     let caller = worker::Caller {
@@ -72,7 +73,7 @@ pub async fn run_for_caller(req: hyper::Request<Incoming>, shared: &Shared) -> R
         path: wire::RUN.to_string(),
         chat: None,
         tx,
-        _slot: places.remove(0),
+        place: places.remove(0),
         caller: Some(caller),
         started: Instant::now(),
     };

@@ -4,7 +4,7 @@
 //! prompt) or merged (several).
 
 use super::body::{Out, OutBody};
-use super::limits::{read_body, InFlight};
+use super::limits::{read_body, InFlight, Watch};
 use super::reply::{busy, error, json, status_of, Refusal, Response};
 use super::worker::Submission;
 use super::Shared;
@@ -14,7 +14,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::StatusCode;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Answers a completions body (`chat`: a chat completions one).
 pub async fn complete(req: hyper::Request<Incoming>, shared: &Shared, chat: bool) -> Response {
@@ -34,6 +34,7 @@ pub async fn complete(req: hyper::Request<Incoming>, shared: &Shared, chat: bool
         Ok(r) => r,
         Err((status, e)) => return error(status, &e),
     };
+    let body_bytes = body.bytes.len();
     drop(body);
     // A chat template renders on a blocking thread (in its bounded child),
     // never on the decode loop, whose other clients would wait for it
@@ -51,9 +52,17 @@ pub async fn complete(req: hyper::Request<Incoming>, shared: &Shared, chat: bool
     }
     // One prompt: its answer as it comes. Several: one request each, their
     // choices in prompt order in one response (as OpenAI's API answers).
-    // Their queue places are taken together: all of them, or none.
-    let Some(places) = shared.queue.reserve(requests.len()) else {
-        let (status, e) = busy("the server is busy: too many requests waiting; retry later");
+    // Their queue places are taken together: all of them, or none. While
+    // they wait each holds what its body held, or its rendered prompt.
+    let each = body_bytes.div_ceil(requests.len().max(1));
+    let bytes = requests
+        .iter()
+        .map(|r| r.prompt.len().max(each))
+        .max()
+        .unwrap_or(0)
+        + REQUEST_OVERHEAD;
+    let Some(places) = shared.queue.reserve(requests.len(), bytes) else {
+        let (status, e) = busy(&queue_full(shared));
         return error(status, &e);
     };
     let mut answers = Vec::with_capacity(requests.len());
@@ -63,13 +72,14 @@ pub async fn complete(req: hyper::Request<Incoming>, shared: &Shared, chat: bool
             Err((status, e)) => return error(status, &e),
         }
     }
+    let timeout = shared.queue.timeout;
     if answers.len() == 1 {
-        let (stream, rx) = answers.pop().expect("one answer");
-        return respond(stream, rx).await;
+        let (stream, answer) = answers.pop().expect("one answer");
+        return respond(stream, answer, timeout).await;
     }
     let mut merged: Option<serde_json::Value> = None;
-    for (i, (_, mut rx)) in answers.into_iter().enumerate() {
-        let whole = match whole(&mut rx).await {
+    for (i, (_, mut answer)) in answers.into_iter().enumerate() {
+        let whole = match whole(&mut answer, timeout).await {
             Ok(bytes) => bytes,
             Err((status, e)) => return error(status, &e),
         };
@@ -82,6 +92,19 @@ pub async fn complete(req: hyper::Request<Incoming>, shared: &Shared, chat: bool
         merge(&mut merged, one, i);
     }
     json(StatusCode::OK, merged.unwrap_or_default().to_string())
+}
+
+/// What a waiting request holds besides its prompt (its fields, its
+/// place, its channel), counted against the queue's memory.
+pub const REQUEST_OVERHEAD: usize = 1024;
+
+/// Why a request is refused when the waiting requests hold too much.
+pub fn queue_full(shared: &Shared) -> String {
+    format!(
+        "the server is busy: the requests waiting for a slot hold {} KiB, its bound (--queue-memory {}K); retry later",
+        shared.queue.waiting_bytes() >> 10,
+        shared.queue.memory() >> 10
+    )
 }
 
 pub async fn render_chats(requests: Vec<Request>, shared: &Shared) -> Result<Vec<Request>> {
@@ -99,20 +122,28 @@ pub async fn render_chats(requests: Vec<Request>, shared: &Shared) -> Result<Vec
     .map_err(|e| CmplError::internal(format!("a chat template's render ended: {e}")))?
 }
 
-/// Hands `request` to the decode loop; its answer arrives on the receiver.
+/// A request handed to the decode loop: its answer arrives on `rx`; while
+/// it waits for a slot, `watch` can give it up.
+struct Answer {
+    rx: tokio::sync::mpsc::UnboundedReceiver<Out>,
+    watch: Watch,
+}
+
+/// Hands `request` to the decode loop.
 fn submit(
     request: Request,
-    slot: InFlight,
+    place: InFlight,
     path: &str,
     chat: Option<bool>,
     shared: &Shared,
-) -> std::result::Result<(bool, tokio::sync::mpsc::UnboundedReceiver<Out>), Refusal> {
+) -> std::result::Result<(bool, Answer), Refusal> {
     let name = request
         .model
         .clone()
         .unwrap_or_else(|| shared.policy.model.clone());
     let stream = request.stream;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let watch = place.watch();
     let submission = Submission {
         request: Request {
             model: None,
@@ -122,7 +153,7 @@ fn submit(
         path: path.to_string(),
         chat,
         tx,
-        _slot: slot,
+        place,
         caller: None,
         started: Instant::now(),
     };
@@ -137,21 +168,21 @@ fn submit(
             CmplError::new(ErrorKind::Unavailable, "the server is stopping"),
         ));
     }
-    Ok((stream, rx))
+    Ok((stream, Answer { rx, watch }))
 }
 
 /// The HTTP response for one request's answer: SSE as it comes, or JSON.
-async fn respond(stream: bool, mut rx: tokio::sync::mpsc::UnboundedReceiver<Out>) -> Response {
+async fn respond(stream: bool, mut answer: Answer, timeout: Duration) -> Response {
     if !stream {
-        return match whole(&mut rx).await {
+        return match whole(&mut answer, timeout).await {
             Ok(bytes) => json(StatusCode::OK, String::from_utf8_lossy(&bytes).into_owned()),
             Err((status, e)) => error(status, &e),
         };
     }
-    match first(&mut rx).await {
+    match first(&mut answer, timeout).await {
         Err((status, e)) => error(status, &e),
         Ok(bytes) => {
-            let body = OutBody::new(Some(bytes), rx);
+            let body = OutBody::new(Some(bytes), answer.rx);
             hyper::Response::builder()
                 .status(StatusCode::OK)
                 .header(hyper::header::CONTENT_TYPE, "text/event-stream")
@@ -162,11 +193,21 @@ async fn respond(stream: bool, mut rx: tokio::sync::mpsc::UnboundedReceiver<Out>
     }
 }
 
-/// The first message says how the answer starts: an error, or bytes.
-async fn first(
-    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Out>,
-) -> std::result::Result<Bytes, Refusal> {
-    match rx.recv().await {
+/// The first message says how the answer starts: an error, or bytes. A
+/// request still waiting for a slot after `timeout` is given up and
+/// answered 503 (an admitted one is waited for: its prompt is under way).
+async fn first(answer: &mut Answer, timeout: Duration) -> std::result::Result<Bytes, Refusal> {
+    let message = match tokio::time::timeout(timeout, answer.rx.recv()).await {
+        Ok(message) => message,
+        Err(_) if answer.watch.give_up() => {
+            return Err(busy(&format!(
+                "the server is busy: no slot came free in {} s (--queue-timeout); retry later",
+                timeout.as_secs()
+            )))
+        }
+        Err(_) => answer.rx.recv().await,
+    };
+    match message {
         Some(Out::Bytes(bytes)) => Ok(bytes),
         Some(Out::Error(e)) => Err((status_of(&e), e)),
         None => Err((
@@ -177,11 +218,9 @@ async fn first(
 }
 
 /// A whole (non-streamed) answer.
-async fn whole(
-    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Out>,
-) -> std::result::Result<Vec<u8>, Refusal> {
-    let mut whole = first(rx).await?.to_vec();
-    while let Some(Out::Bytes(more)) = rx.recv().await {
+async fn whole(answer: &mut Answer, timeout: Duration) -> std::result::Result<Vec<u8>, Refusal> {
+    let mut whole = first(answer, timeout).await?.to_vec();
+    while let Some(Out::Bytes(more)) = answer.rx.recv().await {
         whole.extend_from_slice(&more);
     }
     Ok(whole)

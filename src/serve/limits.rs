@@ -6,7 +6,7 @@ use crate::error::CmplError;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use hyper::StatusCode;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,8 +15,11 @@ const BODY_LIMIT: usize = 8 << 20;
 /// Time a client may take to send its body (after its headers).
 const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Requests waiting or running at once, per slot; past it, 503.
-pub const QUEUE_PER_SLOT: usize = 8;
+/// Prompts one request may list, per slot (each is a request of its own).
+pub const PROMPTS_PER_SLOT: usize = 8;
+
+/// The queue's memory where the machine's cannot be read.
+pub const QUEUE_MEMORY_UNKNOWN: usize = 256 << 20;
 
 /// Request bodies held in memory at once, all connections together: past
 /// it, a body is refused (503) instead of read.
@@ -103,42 +106,79 @@ where
     }
 }
 
-/// The queue's places, all clients together, and when it was last busy.
+/// The queue, all clients together: requests waiting or running, the
+/// memory the waiting ones hold (their bound, not a count: a crowd of small
+/// requests waits, a flood of large ones is refused), how long one may wait,
+/// and when it was last busy.
 pub struct Queue {
     /// Requests waiting or running now.
     pub in_flight: Arc<AtomicUsize>,
     /// Milliseconds from `born` to the last request's arrival or end.
     pub last_active: Arc<AtomicU64>,
     pub born: Instant,
-    limit: usize,
+    /// Bytes the requests waiting for a slot hold, and their bound.
+    waiting: Arc<AtomicUsize>,
+    memory: usize,
+    /// How long a request may wait for a slot.
+    pub timeout: Duration,
 }
 
+/// Where a request stands (`InFlight::state`).
+const WAITING: u8 = 0;
+const ADMITTED: u8 = 1;
+/// Its client was answered 503 for waiting too long (or left).
+const GAVE_UP: u8 = 2;
+
 impl Queue {
-    pub fn new(limit: usize) -> Queue {
+    pub fn new(memory: usize, timeout: Duration) -> Queue {
         Queue {
             in_flight: Arc::new(AtomicUsize::new(0)),
             last_active: Arc::new(AtomicU64::new(0)),
             born: Instant::now(),
-            limit,
+            waiting: Arc::new(AtomicUsize::new(0)),
+            memory,
+            timeout,
         }
     }
 
-    /// `count` places in the queue, or none when they would overfill it.
-    pub fn reserve(&self, count: usize) -> Option<Vec<InFlight>> {
-        let before = self.in_flight.fetch_add(count, Ordering::SeqCst);
-        let places: Vec<InFlight> = (0..count)
-            .map(|_| InFlight {
-                count: self.in_flight.clone(),
-                last_active: self.last_active.clone(),
-                born: self.born,
-            })
-            .collect();
-        (before + count <= self.limit).then_some(places)
+    /// Places for `count` requests that hold `bytes` each while they wait;
+    /// none when that would take the waiting requests past the queue's
+    /// memory (one request alone is always taken: it is bounded as a body).
+    pub fn reserve(&self, count: usize, bytes: usize) -> Option<Vec<InFlight>> {
+        let total = count.saturating_mul(bytes);
+        let before = self.waiting.fetch_add(total, Ordering::SeqCst);
+        if before > 0 && before + total > self.memory {
+            self.waiting.fetch_sub(total, Ordering::SeqCst);
+            return None;
+        }
+        self.in_flight.fetch_add(count, Ordering::SeqCst);
+        Some(
+            (0..count)
+                .map(|_| InFlight {
+                    count: self.in_flight.clone(),
+                    last_active: self.last_active.clone(),
+                    born: self.born,
+                    state: Arc::new(AtomicU8::new(WAITING)),
+                    waiting: self.waiting.clone(),
+                    bytes,
+                })
+                .collect(),
+        )
+    }
+
+    /// What the queue's memory bound is, as a refusal says it.
+    pub fn memory(&self) -> usize {
+        self.memory
     }
 
     /// Requests waiting or running now.
     pub fn len(&self) -> usize {
         self.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Bytes the waiting requests hold now.
+    pub fn waiting_bytes(&self) -> usize {
+        self.waiting.load(Ordering::SeqCst)
     }
 
     /// Marks it active now (a request arrived, or the server became ready).
@@ -157,15 +197,68 @@ impl Queue {
     }
 }
 
-/// A request counted in flight until its answer is done (or refused).
+/// A request counted in flight until its answer's last byte is handed to
+/// its connection (or it is refused); its bytes count against the queue's
+/// memory until the decode loop takes it.
 pub struct InFlight {
     count: Arc<AtomicUsize>,
     last_active: Arc<AtomicU64>,
     born: Instant,
+    state: Arc<AtomicU8>,
+    waiting: Arc<AtomicUsize>,
+    bytes: usize,
+}
+
+impl InFlight {
+    /// The decode loop takes it: false where its client gave up waiting.
+    pub fn admit(&self) -> bool {
+        self.leave_line(ADMITTED)
+    }
+
+    /// What the HTTP side keeps to give up waiting.
+    pub fn watch(&self) -> Watch {
+        Watch {
+            state: self.state.clone(),
+            waiting: self.waiting.clone(),
+            bytes: self.bytes,
+        }
+    }
+
+    fn leave_line(&self, to: u8) -> bool {
+        leave(&self.state, &self.waiting, self.bytes, to)
+    }
+}
+
+/// Leaves the waiting line for `to` once (the bytes given back then): false
+/// where it had left already.
+fn leave(state: &AtomicU8, waiting: &AtomicUsize, bytes: usize, to: u8) -> bool {
+    let left = state
+        .compare_exchange(WAITING, to, Ordering::SeqCst, Ordering::SeqCst)
+        .is_ok();
+    if left {
+        waiting.fetch_sub(bytes, Ordering::SeqCst);
+    }
+    left
+}
+
+/// A request's standing, seen from the HTTP side.
+pub struct Watch {
+    state: Arc<AtomicU8>,
+    waiting: Arc<AtomicUsize>,
+    bytes: usize,
+}
+
+impl Watch {
+    /// Gives up a request still waiting for a slot (the decode loop will
+    /// pass it by): false where it was admitted already.
+    pub fn give_up(&self) -> bool {
+        leave(&self.state, &self.waiting, self.bytes, GAVE_UP)
+    }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
+        self.leave_line(GAVE_UP);
         // Idle from the end of the last request (keep-alive counts from here).
         let now = self.born.elapsed().as_millis() as u64;
         self.last_active.fetch_max(now, Ordering::SeqCst);
@@ -179,16 +272,26 @@ mod tests {
     use http_body_util::Full;
 
     #[test]
-    fn places_are_taken_all_or_none_and_given_back() {
-        let queue = Queue::new(3);
-        let two = queue.reserve(2).unwrap();
-        assert_eq!(queue.len(), 2);
-        assert!(queue.reserve(2).is_none(), "would overfill");
-        assert_eq!(queue.len(), 2, "a refused reservation holds nothing");
-        let one = queue.reserve(1).unwrap();
+    fn places_are_bounded_by_the_memory_the_waiting_hold() {
+        let queue = Queue::new(300, Duration::from_secs(1));
+        // One request alone is taken whatever its size.
+        let big = queue.reserve(1, 1000).unwrap();
+        assert!(queue.reserve(1, 10).is_none(), "past the memory");
+        assert!(big[0].admit(), "taken by the decode loop");
+        assert_eq!(queue.waiting_bytes(), 0);
+        let two = queue.reserve(2, 100).unwrap();
+        assert!(queue.reserve(2, 100).is_none(), "all or none");
+        assert_eq!((queue.len(), queue.waiting_bytes()), (3, 200));
+        // A client that gave up: the decode loop passes its request by.
+        assert!(two[0].watch().give_up());
+        assert!(!two[0].admit());
+        assert!(two[1].admit());
+        assert!(!two[1].watch().give_up(), "admitted: nothing to give up");
+        assert_eq!(queue.waiting_bytes(), 0);
+        let one = queue.reserve(1, 50).unwrap();
         assert_eq!(queue.idle(), Duration::ZERO);
-        drop((two, one));
-        assert_eq!(queue.len(), 0);
+        drop((big, two, one));
+        assert_eq!((queue.len(), queue.waiting_bytes()), (0, 0));
         assert!(queue.idle() < Duration::from_secs(1));
     }
 

@@ -9,11 +9,64 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 /// Upper bounds of the request latency histogram, in seconds.
-const BUCKETS: [f64; 12] = [
+const BUCKETS: &[f64] = &[
     0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 ];
+/// Of time to first token (vLLM's buckets, to 160 s).
+const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0,
+];
+/// Of the time between two tokens of a stream.
+const ITL_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+];
 
-#[derive(Default)]
+/// Observations counted by upper bound, and their sum.
+struct Histogram {
+    bounds: &'static [f64],
+    counts: Mutex<(Vec<u64>, f64)>,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram {
+            bounds,
+            counts: Mutex::new((vec![0; bounds.len() + 1], 0.0)),
+        }
+    }
+
+    fn observe(&self, seconds: f64) {
+        if let Ok(mut c) = self.counts.lock() {
+            let bucket = self
+                .bounds
+                .iter()
+                .position(|&b| seconds <= b)
+                .unwrap_or(self.bounds.len());
+            c.0[bucket] += 1;
+            c.1 += seconds;
+        }
+    }
+
+    /// Prometheus' text for it, named `name`.
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        if let Ok(c) = self.counts.lock() {
+            let mut below = 0;
+            for (i, b) in self.bounds.iter().enumerate() {
+                below += c.0[i];
+                let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {below}");
+            }
+            below += c.0[self.bounds.len()];
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"+Inf\"}} {below}\n{name}_sum {}\n{name}_count {below}",
+                c.1
+            );
+        }
+    }
+}
+
 pub struct Metrics {
     prompt_tokens: AtomicU64,
     generation_tokens: AtomicU64,
@@ -24,8 +77,29 @@ pub struct Metrics {
     pub running: AtomicU64,
     /// Completions answered, by HTTP status (499: the client left).
     statuses: Mutex<BTreeMap<u16, u64>>,
-    /// Per bucket (and one past the last), and the seconds summed.
-    latency: Mutex<([u64; BUCKETS.len() + 1], f64)>,
+    /// Arrival to last byte.
+    latency: Histogram,
+    /// Arrival to the first token sent.
+    ttft: Histogram,
+    /// Between two tokens of one answer.
+    itl: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics {
+            prompt_tokens: AtomicU64::default(),
+            generation_tokens: AtomicU64::default(),
+            reused: AtomicU64::default(),
+            drafted: AtomicU64::default(),
+            accepted: AtomicU64::default(),
+            running: AtomicU64::default(),
+            statuses: Mutex::default(),
+            latency: Histogram::new(BUCKETS),
+            ttft: Histogram::new(TTFT_BUCKETS),
+            itl: Histogram::new(ITL_BUCKETS),
+        }
+    }
 }
 
 /// One finished completion, as the worker logs it.
@@ -49,14 +123,16 @@ impl Metrics {
         self.accepted
             .fetch_add(u64::from(f.drafts.accepted), Relaxed);
         self.answered(f.status);
-        let seconds = f.started.elapsed().as_secs_f64();
-        if let Ok(mut l) = self.latency.lock() {
-            let bucket = BUCKETS
-                .iter()
-                .position(|&b| seconds <= b)
-                .unwrap_or(BUCKETS.len());
-            l.0[bucket] += 1;
-            l.1 += seconds;
+        self.latency.observe(f.started.elapsed().as_secs_f64());
+    }
+
+    /// A token sent: the first of its answer `since` its arrival, else
+    /// `since` the one before.
+    pub fn token(&self, first: bool, since: Instant) {
+        let seconds = since.elapsed().as_secs_f64();
+        match first {
+            true => self.ttft.observe(seconds),
+            false => self.itl.observe(seconds),
         }
     }
 
@@ -73,8 +149,9 @@ impl Metrics {
         self.statuses.lock().map_or(0, |s| s.values().sum())
     }
 
-    /// The exposition: `in_flight` requests now, of `slots`.
-    pub fn render(&self, in_flight: u64, slots: u32) -> String {
+    /// The exposition: `in_flight` requests now, of `slots`, the waiting
+    /// ones holding `queue_bytes`.
+    pub fn render(&self, in_flight: u64, slots: u32, queue_bytes: u64) -> String {
         let running = self.running.load(Relaxed).min(in_flight);
         let mut out = String::new();
         let mut one = |name: &str, kind: &str, help: &str, value: String| {
@@ -95,6 +172,12 @@ impl Metrics {
             "gauge",
             "Requests queued for a slot now.",
             (in_flight - running).to_string(),
+        );
+        one(
+            "cmpl:queue_bytes",
+            "gauge",
+            "Memory the requests waiting for a slot hold (bounded by --queue-memory).",
+            queue_bytes.to_string(),
         );
         one(
             "cmpl:slots",
@@ -158,24 +241,21 @@ impl Metrics {
                 let _ = writeln!(out, "cmpl:requests_total{{status=\"{status}\"}} {n}");
             }
         }
-        let name = "vllm:e2e_request_latency_seconds";
-        let _ = writeln!(
-            out,
-            "# HELP {name} Completion latency, arrival to last byte.\n# TYPE {name} histogram"
+        self.latency.render(
+            &mut out,
+            "vllm:e2e_request_latency_seconds",
+            "Completion latency, arrival to last byte.",
         );
-        if let Ok(l) = self.latency.lock() {
-            let mut below = 0;
-            for (i, b) in BUCKETS.iter().enumerate() {
-                below += l.0[i];
-                let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {below}");
-            }
-            below += l.0[BUCKETS.len()];
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{le=\"+Inf\"}} {below}\n{name}_sum {}\n{name}_count {below}",
-                l.1
-            );
-        }
+        self.ttft.render(
+            &mut out,
+            "vllm:time_to_first_token_seconds",
+            "Arrival to the first token sent.",
+        );
+        self.itl.render(
+            &mut out,
+            "vllm:inter_token_latency_seconds",
+            "Time between two tokens sent of one answer.",
+        );
         out
     }
 }

@@ -83,24 +83,33 @@ pub fn run(
     }
     let connections = listen::connection_limit();
     let (submit, submissions) = mpsc::channel();
-    let policy = policy::Policy::new(model.clone(), config, opts);
+    let parallel = engine.serve_slots(opts.parallel, opts.ctx_size);
+    let policy = policy::Policy::new(model.clone(), config, opts, parallel);
+    // Waiting requests may hold an eighth of the memory free now.
+    let queue_memory = opts.queue_memory.map_or_else(
+        || {
+            crate::engine::available_memory()
+                .map_or(limits::QUEUE_MEMORY_UNKNOWN, |m| (m / 8) as usize)
+        },
+        |m| m as usize,
+    );
     let shared = Arc::new(Shared {
         engine,
-        queue: limits::Queue::new(policy.queue_limit),
+        queue: limits::Queue::new(queue_memory, opts.queue_timeout),
         policy,
         key,
         callers: matches!(opts.listen, Listen::Unix(_)),
         submit: std::sync::Mutex::new(submit),
         body_bytes: Arc::new(AtomicUsize::new(0)),
         metrics: Arc::new(metrics::Metrics::default()),
-        settings: settings(runtime, opts),
+        settings: settings(runtime, opts, parallel),
         keep_alive: opts.keep_alive,
         verdicts: Arc::new(verdicts::Verdicts::start(runtime)),
     });
     // The decode loop's thread: `ready` once its context exists, `ended`
     // when it returns (a failure ends the server: never a live-looking
     // server that cannot answer), `abort` when the drain time is up.
-    let (parallel, ctx_size) = (opts.parallel, opts.ctx_size);
+    let ctx_size = opts.ctx_size;
     let (ready_tx, ready) = mpsc::channel();
     let ended = Arc::new(AtomicBool::new(false));
     let abort = Arc::new(AtomicBool::new(false));
@@ -172,11 +181,11 @@ pub fn run(
 }
 
 /// The load settings, as `--ps` shows them.
-fn settings(r: &crate::options::RunSettings, opts: &ServeOptions) -> String {
+fn settings(r: &crate::options::RunSettings, opts: &ServeOptions, parallel: u32) -> String {
     let shown = |v: Option<u32>| v.map_or_else(|| "default".to_string(), |v| v.to_string());
     let mut settings = format!(
         "slots {}, ctx {}, threads {}, ngl {}, lookup {}",
-        opts.parallel,
+        parallel,
         shown(opts.ctx_size),
         shown(r.threads),
         shown(r.n_gpu_layers),

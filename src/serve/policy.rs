@@ -2,7 +2,7 @@
 //! it, its template (the operator's, or the body's where trusted), `n`
 //! within the slots, and the model it names.
 
-use super::limits::QUEUE_PER_SLOT;
+use super::limits::PROMPTS_PER_SLOT;
 use super::reply::Refusal;
 use crate::config::Config;
 use crate::error::CmplError;
@@ -25,12 +25,13 @@ pub struct Policy {
     template: Option<serde_json::Value>,
     /// Slots: a request's `n` can be no larger.
     pub parallel: u32,
-    /// Requests waiting or running at once, all slots together.
-    pub queue_limit: usize,
+    /// Prompts one body may list.
+    list_limit: usize,
 }
 
 impl Policy {
-    pub fn new(model: String, config: &Config, opts: &ServeOptions) -> Policy {
+    /// The policy of a server of `parallel` slots.
+    pub fn new(model: String, config: &Config, opts: &ServeOptions, parallel: u32) -> Policy {
         let mut defaults = config.request.clone();
         defaults.fields.remove(fields::CHAT_TEMPLATE.name);
         Policy {
@@ -39,8 +40,8 @@ impl Policy {
             trust_request_templates: opts.trust_request_templates,
             defaults,
             template: config.request.get(fields::CHAT_TEMPLATE.name).cloned(),
-            parallel: opts.parallel,
-            queue_limit: opts.parallel as usize * QUEUE_PER_SLOT,
+            parallel,
+            list_limit: parallel as usize * PROMPTS_PER_SLOT,
         }
     }
 
@@ -58,8 +59,8 @@ impl Policy {
         let body = RawRequest::from_json(text, "the request body").map_err(bad)?;
         self.untrusted_templates(&body)?;
         let raw = self.with_template(self.defaults.clone().overlay(body));
-        // A list takes one queue place per prompt, so it is bounded by the queue.
-        let Some(each) = raw.prompts(self.queue_limit).map_err(bad)? else {
+        // A list is as many requests: bounded by the slots that answer them.
+        let Some(each) = raw.prompts(self.list_limit).map_err(bad)? else {
             return Ok(vec![self.one(&raw)?]);
         };
         let requests = each
@@ -171,15 +172,17 @@ mod tests {
         };
         let opts = ServeOptions {
             listen: Listen::Tcp("127.0.0.1:0".parse().unwrap()),
-            parallel: 2,
+            parallel: Some(2),
             ctx_size: None,
             strict_model: strict,
             trust_request_templates: trust,
             drain: std::time::Duration::from_secs(1),
             keep_alive: None,
+            queue_memory: None,
+            queue_timeout: std::time::Duration::from_secs(1),
             ready_pipe: false,
         };
-        Policy::new("served".into(), &config, &opts)
+        Policy::new("served".into(), &config, &opts, 2)
     }
 
     fn refused(outcome: std::result::Result<Vec<Request>, Refusal>) -> (u16, CmplError) {

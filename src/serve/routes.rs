@@ -120,9 +120,11 @@ async fn route(req: hyper::Request<Incoming>, shared: &Shared) -> Response {
                 "text/plain; version=0.0.4; charset=utf-8",
             )
             .body(
-                Full::new(Bytes::from(
-                    shared.metrics.render(in_flight(), shared.policy.parallel),
-                ))
+                Full::new(Bytes::from(shared.metrics.render(
+                    in_flight(),
+                    shared.policy.parallel,
+                    shared.queue.waiting_bytes() as u64,
+                )))
                 .boxed(),
             )
             .unwrap_or_else(|_| hyper::Response::new(Full::new(Bytes::new()).boxed())),

@@ -35,7 +35,8 @@ pub struct Submission {
     /// stream ends with a usage chunk.
     pub chat: Option<bool>,
     pub tx: UnboundedSender<Out>,
-    pub _slot: InFlight,
+    /// Its place in the queue, given back as its answer's last byte goes.
+    pub place: InFlight,
     /// A cmpl caller's run (a resident's): its events as they are, its
     /// request answered within these cells, as the caller's run would.
     pub caller: Option<Caller>,
@@ -55,6 +56,8 @@ struct Client {
     tx: UnboundedSender<Out>,
     path: String,
     started: Instant,
+    /// When its last token was sent (none yet: its first is due).
+    sent: Option<Instant>,
     tokens: u32,
     prompt_tokens: u32,
     drafts: Drafts,
@@ -63,7 +66,9 @@ struct Client {
     /// Its events until its safety model's verdict (a cmpl caller's
     /// are judged by the caller's own run).
     held: Option<Held>,
-    _slot: InFlight,
+    /// Given back before the answer's last bytes are sent, so that a
+    /// client sending its next request at once finds it free.
+    place: Option<InFlight>,
 }
 
 /// How a request's answer is written.
@@ -155,6 +160,11 @@ pub fn run(
                     Err(mpsc::TryRecvError::Disconnected) => return Arrival::Closed,
                 }
             };
+            // One whose client was told to retry (it waited past the
+            // queue's time) was answered already.
+            if !submission.place.admit() {
+                continue;
+            }
             // A client that left while its request waited costs nothing more.
             if submission.tx.is_closed() {
                 eprintln!(
@@ -200,11 +210,12 @@ pub fn run(
                 tx: submission.tx,
                 path: submission.path,
                 started: submission.started,
+                sent: None,
                 tokens: 0,
                 prompt_tokens: 0,
                 drafts: Drafts::default(),
                 reused: 0,
-                _slot: submission._slot,
+                place: Some(submission.place),
             },
         );
         metrics
@@ -241,6 +252,7 @@ pub fn run(
                 }
                 Event::Rejected { error, .. } => {
                     // An error response: the HTTP side logs it, as any other.
+                    client.place.take();
                     let _ = client.tx.send(Out::Error(error));
                     clients.remove(&job);
                     Ok(())
@@ -263,6 +275,7 @@ pub fn run(
                     client.drafts = result.drafts;
                     client.reused = result.reused;
                     client.prompt_tokens = result.prompt_tokens;
+                    client.place.take();
                     let printed = client.face.event(event).and_then(|()| client.face.finish());
                     let client = clients.remove(&job);
                     match printed {
@@ -285,10 +298,19 @@ pub fn run(
                             held.hold(&other);
                             Ok(())
                         }
-                        None => client.face.event(other).map_err(|_| {
-                            log(clients.remove(&job), 499, metrics);
-                            cancelled()
-                        }),
+                        None => {
+                            let token = matches!(other, Event::Token { .. });
+                            let printed = client.face.event(other);
+                            if token && printed.is_ok() {
+                                let since = client.sent.unwrap_or(client.started);
+                                metrics.token(client.sent.is_none(), since);
+                                client.sent = Some(Instant::now());
+                            }
+                            printed.map_err(|_| {
+                                log(clients.remove(&job), 499, metrics);
+                                cancelled()
+                            })
+                        }
                     }
                 }
             }
@@ -309,6 +331,7 @@ fn judged(mut client: Client, job: usize, verdict: Result<Vec<OwnedEvent>>, metr
             let _ = client.tx.send(Out::Error(error));
         }
         Ok(events) => {
+            client.place.take();
             let face = &mut client.face;
             let printed = events
                 .into_iter()

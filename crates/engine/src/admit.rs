@@ -5,6 +5,7 @@ use crate::memory::KvShape;
 use crate::scheduler::{Fed, Layout};
 use crate::{Cells, Engine, MAX_EXACT_SLOTS};
 use cmpl_core::backend::{Event, Sink};
+use cmpl_core::cells::DEFAULT_PARALLEL;
 use cmpl_core::error::{CmplError, ErrorKind, Result};
 use cmpl_core::request::Request;
 use std::sync::atomic::AtomicBool;
@@ -32,6 +33,36 @@ pub enum Arrival {
 const SERVE_CELLS_PER_SLOT: u32 = 4096;
 
 impl Engine {
+    /// The server's slots: `parallel` where given, else as `--batch` sizes
+    /// its parallelism: as many as it runs (32), halved while their KV cache
+    /// (`ctx_size`, or 4096 cells a slot) would take more than half the
+    /// memory. Memory, not a count, is what bounds a crowd.
+    pub fn serve_slots(&self, parallel: Option<u32>, ctx_size: Option<u32>) -> u32 {
+        if let Some(p) = parallel {
+            return p;
+        }
+        let mut p = DEFAULT_PARALLEL;
+        while p > 1 && !self.fits_comfortably(self.serve_shape(p, ctx_size)) {
+            p /= 2;
+        }
+        p
+    }
+
+    /// The KV cache of `parallel` slots in `ctx_size` cells (4096 a slot
+    /// without it).
+    fn serve_shape(&self, parallel: u32, ctx_size: Option<u32>) -> KvShape {
+        let cells = ctx_size.unwrap_or_else(|| {
+            parallel.saturating_mul(SERVE_CELLS_PER_SLOT.min(self.n_ctx_train()))
+        });
+        KvShape {
+            cells,
+            seqs: parallel,
+            layout: Layout::PerSlot,
+            shared: false,
+            exact: self.deterministic,
+        }
+    }
+
     /// Serves requests as `next` hands them over (it waits for one only when
     /// its flag says the engine is idle), numbering them 0, 1, 2… in arrival
     /// order, in `parallel` slots of an equal share of the context's cells
@@ -53,16 +84,8 @@ impl Engine {
                 format!("--deterministic keeps one of llama.cpp's 256 sequences for itself: give --parallel {MAX_EXACT_SLOTS} or fewer"),
             ));
         }
-        let cells = ctx_size.unwrap_or_else(|| {
-            parallel.saturating_mul(SERVE_CELLS_PER_SLOT.min(self.n_ctx_train()))
-        });
-        let shape = KvShape {
-            cells,
-            seqs: parallel,
-            layout: Layout::PerSlot,
-            shared: false,
-            exact: self.deterministic,
-        };
+        let shape = self.serve_shape(parallel, ctx_size);
+        let cells = shape.cells;
         self.check_memory(shape)?;
         let mut index = 0;
         let mut feed = |wait: bool, sink: &mut Sink| loop {

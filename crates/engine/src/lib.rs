@@ -35,6 +35,7 @@ mod vector;
 pub use admit::Arrival;
 pub use cpu::cpu_features;
 pub use guide::unenforceable;
+pub use memory::available_memory;
 // The core's: a plain value the wire carries as it is.
 pub use cmpl_core::cells::Cells;
 

@@ -212,7 +212,8 @@ fn sliding_window(info: &GgufInfo) -> Option<(u64, impl Fn(u64) -> bool)> {
     }))
 }
 
-fn available_memory() -> Option<u64> {
+/// The memory free now (Linux's MemAvailable); `None` where it cannot be read.
+pub fn available_memory() -> Option<u64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;

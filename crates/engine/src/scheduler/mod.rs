@@ -119,6 +119,7 @@ impl Engine {
             free_cells: cells,
             states: HashMap::new(),
             running: Vec::new(),
+            prefilling: Vec::new(),
             // Deterministic mode reuses whole prompt chunks only (see
             // `Run::whole`).
             prefix: self.prefix_cache.then(|| {
@@ -140,7 +141,7 @@ impl Engine {
             // (the rest wait with the feeder, where a request whose client
             // leaves costs nothing); waiting for one only when idle.
             while open {
-                let idle = pending.is_empty() && run.running.is_empty();
+                let idle = pending.is_empty() && run.idle();
                 let wanted: usize = pending.iter().map(|(_, j)| j.request.n as usize).sum();
                 if !idle && wanted >= run.free_seqs.len() {
                     break;
@@ -151,7 +152,7 @@ impl Engine {
                     Fed::Closed => open = false,
                 }
             }
-            if pending.is_empty() && run.running.is_empty() && !open {
+            if pending.is_empty() && run.idle() && !open {
                 if self.verbose {
                     eprintln!("cmpl: {}", run.clock);
                 }
@@ -171,9 +172,13 @@ impl Engine {
                 admitted.extend(pending.pop_front());
             }
             if !admitted.is_empty() {
-                run.admit(admitted, &mut ctx, &mut batch, interrupted, sink)?;
+                // Those that wait for another prompt's cells go back, in order.
+                let deferred = run.admit(admitted, &mut ctx, &mut batch, interrupted, sink)?;
+                for job in deferred.into_iter().rev() {
+                    pending.push_front(job);
+                }
             }
-            if run.running.is_empty() {
+            if run.idle() {
                 // Nothing runs (what was admitted may have ended at once: a
                 // client gone, a one-token answer), so the first waiting job
                 // either fits now or never will.
@@ -241,6 +246,9 @@ struct Run<'e> {
     free_cells: u32,
     states: HashMap<usize, JobState>,
     running: Vec<ChoiceState>,
+    /// Jobs whose prompts go into the steps a share at a time (chunked
+    /// prefill), in arrival order.
+    prefilling: Vec<prompt::Prefill>,
     /// With the prefix cache: what each sequence's cells hold. A finished
     /// sequence keeps its cells (in the pool, they count against
     /// `free_cells`) until its slot or its cells are needed.
@@ -282,6 +290,11 @@ impl std::fmt::Display for Clock {
 }
 
 impl Run<'_> {
+    /// Nothing runs and no prompt is on its way in.
+    fn idle(&self) -> bool {
+        self.running.is_empty() && self.prefilling.is_empty()
+    }
+
     /// Ends `job` early (its client is gone): its sequences and cells are freed.
     fn cancel(&mut self, job: usize, ctx: &mut LlamaContext) {
         let (gone, kept): (Vec<ChoiceState>, Vec<ChoiceState>) = std::mem::take(&mut self.running)

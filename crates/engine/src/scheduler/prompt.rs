@@ -16,7 +16,7 @@ use llama_cpp_2::token::LlamaToken;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// A job admitted, its prompt on its way through the batch.
-struct Prompted {
+pub(super) struct Prompted {
     index: usize,
     job: Job,
     seqs: Vec<i32>,
@@ -24,6 +24,20 @@ struct Prompted {
     prompt: Vec<TokenInfo>,
     /// Prompt tokens whose cells were reused.
     reused: usize,
+}
+
+/// A job admitted whose prompt goes into the steps beside the running
+/// choices' tokens, a share of each step's batch at a time.
+pub(super) struct Prefill {
+    prompted: Prompted,
+    /// Its next prompt position to queue.
+    next: usize,
+}
+
+impl Prefill {
+    fn left(&self) -> usize {
+        self.prompted.job.tokens.len() - self.next
+    }
 }
 
 /// The fewest prompt tokens worth reusing: fewer cost about what a copy of
@@ -39,10 +53,17 @@ fn scored(job: &Job) -> bool {
 }
 
 impl Run<'_> {
-    /// Evaluates the jobs' prompts, as many tokens per decode call as the
-    /// batch takes (a job's prompt once for all its choices: each token is
-    /// tagged with every choice's sequence, so the cells are shared), and
-    /// starts each job as soon as its last prompt token is decoded.
+    /// Admits the jobs in order: each prompt (once for all its choices:
+    /// each token is tagged with every choice's sequence, so the cells are
+    /// shared) goes into the coming steps a share at a time beside the
+    /// running choices (chunked prefill), so that a long prompt neither
+    /// stalls their decoding nor holds back a short prompt that comes after
+    /// it. Deterministic mode and scored prompts (echo with logprobs) are
+    /// evaluated here and now instead, alone as they would be in any mix,
+    /// as many tokens per decode call as the batch takes, each job started
+    /// as soon as its last prompt token is decoded. Returns the jobs not
+    /// admitted: from the first whose prompt begins with cells another
+    /// prompt is still on its way to filling (it waits for them).
     pub(super) fn admit(
         &mut self,
         jobs: Vec<(usize, Job)>,
@@ -50,11 +71,16 @@ impl Run<'_> {
         batch: &mut LlamaBatch,
         interrupted: &AtomicBool,
         sink: &mut Sink,
-    ) -> Result<()> {
+    ) -> Result<Vec<(usize, Job)>> {
         // Jobs whose last prompt token is in the batch, and its index there.
         let mut ready: Vec<(Prompted, i32)> = Vec::new();
         batch.clear();
-        for (index, job) in jobs {
+        let mut jobs = jobs.into_iter();
+        while let Some((index, job)) = jobs.next() {
+            if self.waits_for_prefix(&job) {
+                self.flush(&mut ready, ctx, batch, sink)?;
+                return Ok(std::iter::once((index, job)).chain(jobs).collect());
+            }
             let echo = job.request.echo;
             let scored = scored(&job);
             let (seqs, reused) = self.place(&job, !scored, &mut ready, ctx, batch, sink)?;
@@ -76,6 +102,13 @@ impl Run<'_> {
                 let last = self.score_prompt(&mut prompted, ctx, batch, interrupted)?;
                 self.start(prompted, last, ctx, sink)?;
                 batch.clear();
+                continue;
+            }
+            if !self.exact {
+                self.prefilling.push(Prefill {
+                    prompted,
+                    next: reused,
+                });
                 continue;
             }
             let n_prompt = prompted.job.tokens.len();
@@ -109,7 +142,87 @@ impl Run<'_> {
             let last = batch.n_tokens() - 1;
             ready.push((prompted, last));
         }
-        self.flush(&mut ready, ctx, batch, sink)
+        self.flush(&mut ready, ctx, batch, sink)?;
+        Ok(Vec::new())
+    }
+
+    /// Whether the longest prefix `job` could start from lies in cells a
+    /// prompt on its way in has yet to fill: the job waits for them rather
+    /// than evaluating them again.
+    fn waits_for_prefix(&self, job: &Job) -> bool {
+        let Some(prefix) = &self.prefix else {
+            return false;
+        };
+        if scored(job) || self.prefilling.is_empty() {
+            return false;
+        }
+        let prompt: Vec<i32> = job.tokens.iter().map(|t| t.0).collect();
+        prefix
+            .best(&prompt, prompt.len() - 1)
+            .filter(|s| s.len >= MIN_REUSE && !prefix.decoded(s.seq, s.len))
+            .is_some_and(|s| {
+                self.prefilling
+                    .iter()
+                    .any(|p| self.prompt_seqs(&p.prompted.seqs).contains(&s.seq))
+            })
+    }
+
+    /// Prompt tokens still to come in.
+    pub(super) fn prompts_left(&self) -> usize {
+        self.prefilling.iter().map(Prefill::left).sum()
+    }
+
+    /// Queues up to `room` tokens of the prompts on their way in, after
+    /// what the batch holds: a quarter of the room to the oldest (none
+    /// starves), the rest to the shortest first, whole where they fit (a
+    /// short prompt behind a long one is in within a step, and prompts of
+    /// a kind go in arrival order). Returns the jobs whose last prompt token
+    /// is now in the batch, with its index there.
+    pub(super) fn queue_prompts(
+        &mut self,
+        batch: &mut LlamaBatch,
+        room: usize,
+    ) -> Result<Vec<(Prompted, i32)>> {
+        let n = self.prefilling.len();
+        let mut takes = vec![0; n];
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        takes[0] = self.prefilling[0].left().min(room.div_ceil(4));
+        let mut left = room - takes[0];
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by_key(|&i| self.prefilling[i].left());
+        for i in order {
+            let take = (self.prefilling[i].left() - takes[i]).min(left);
+            takes[i] += take;
+            left -= take;
+        }
+        let mut ready = Vec::new();
+        let mut waiting = Vec::with_capacity(n);
+        for (mut p, take) in std::mem::take(&mut self.prefilling).into_iter().zip(takes) {
+            let n_prompt = p.prompted.job.tokens.len();
+            let end = p.next + take;
+            for pos in p.next..end {
+                let token = p.prompted.job.tokens[pos];
+                batch
+                    .add(
+                        token,
+                        pos as i32,
+                        self.prompt_seqs(&p.prompted.seqs),
+                        pos + 1 == n_prompt,
+                    )
+                    .map_err(|e| CmplError::internal(format!("batch: {e}")))?;
+            }
+            p.next = end;
+            self.queued(&p.prompted.seqs, end);
+            if end == n_prompt {
+                ready.push((p.prompted, batch.n_tokens() - 1));
+            } else {
+                waiting.push(p);
+            }
+        }
+        self.prefilling = waiting;
+        Ok(ready)
     }
 
     /// Takes sequences for `job` and, with the prefix cache (and `reuse`),
@@ -374,7 +487,7 @@ impl Run<'_> {
 
     /// Starts a job whose prompt is decoded: its choices draw their first
     /// token from output `last_idx`.
-    fn start(
+    pub(super) fn start(
         &mut self,
         p: Prompted,
         last_idx: i32,

@@ -82,7 +82,11 @@ impl Run<'_> {
                 ballast.push((seq, pos, batch.n_tokens()));
             }
         }
-        self.decode(ctx, batch, false)?;
+        // Prompts on their way in take the rest of the batch.
+        let room = self.batch_size.saturating_sub(batch.n_tokens() as usize);
+        let prompted = self.queue_prompts(batch, room)?;
+        // A call of prompts alone counts as prompt evaluation (`--verbose`).
+        self.decode(ctx, batch, self.running.is_empty())?;
         for &(seq, pos, _) in &ballast {
             ctx.clear_kv_cache_seq(Some(seq as u32), Some(pos as u32), None)
                 .map_err(|e| CmplError::internal(format!("KV removal: {e}")))?;
@@ -107,6 +111,9 @@ impl Run<'_> {
             }
             c.pos += 1;
             self.verify(c, &draft, idx, ctx, sink)?;
+        }
+        for (p, last) in prompted {
+            self.start(p, last, ctx, sink)?;
         }
         Ok(())
     }
@@ -169,12 +176,15 @@ impl Run<'_> {
             true => engine.state.timed_cost(n),
             false => crate::costs::untimed(n),
         };
+        // Prompts on their way in keep up to half the room drafts could take.
+        let room = self.batch_size.saturating_sub(seqs);
+        let room = room - self.prompts_left().min(room / 2);
         let k = match (together, self.exact) {
             (false, _) => 0,
             (true, true) => {
                 lookup::plan(&offers, (self.batch_size / 2).saturating_sub(seqs), cost).min(62)
             }
-            (true, false) => lookup::plan(&offers, self.batch_size.saturating_sub(seqs), cost),
+            (true, false) => lookup::plan(&offers, room, cost),
         };
         let drafts: Vec<Draft> = self
             .running
