@@ -36,7 +36,7 @@ complete -c cmpl -l request -d 'Read the JSON request from FILE (\'-\' for stdin
 complete -c cmpl -l prompt-file -d 'Read the prompt as plain text from FILE (\'-\' for stdin)' -r -F
 complete -c cmpl -l batch -d 'Answer a JSON Lines file of requests (stdin without FILE), one JSON line out per line in, in order, decoding the requests together. Exit 1 if any line failed. Lines with "stream": true get a whole response' -r -F
 complete -c cmpl -l output -d 'Write --batch\'s answers to FILE instead of stdout, each as it completes (in input order; those ahead of their turn wait in FILE.pending). A rerun with the same input and FILE answers only what is missing' -r -F
-complete -c cmpl -l parallel -d 'Sequences decoded together in --batch mode [default: 32, fewer if their KV cache would not fit]' -r
+complete -c cmpl -l parallel -d 'Sequences decoded together in --batch mode, and --serve\'s slots [default: 32, fewer if their KV cache would take over half the memory]' -r
 complete -c cmpl -s t -l threads -d 'CPU threads, 1..1024 [default: physical cores]' -r
 complete -c cmpl -s c -l ctx-size -d 'KV cache size in tokens, shared by all choices; with --serve, split evenly among the --parallel slots [default: sized to the request; 4096 per slot]' -r
 complete -c cmpl -l n-gpu-layers -d 'Layers to offload to the GPU (also -ngl) [default: all, when built with a GPU backend]' -r
@@ -46,6 +46,8 @@ complete -c cmpl -l serve -d 'Serve the completions API over HTTP at ADDR (host:
 complete -c cmpl -l keep-alive -d 'Keep the model loaded between calls: a run on a local model uses (or starts) a resident cmpl holding the same model file with the same settings, which leaves after DURATION without a request (30s, 5m, 1h; 0 off; a bare number is seconds); with --serve, the server leaves after DURATION idle [default: $CMPL_KEEP_ALIVE, the config\'s keep_alive, else off; without a value: 5m]' -r
 complete -c cmpl -l stop-resident -d 'End the residents holding MODEL (as -m names it), or all of them, once their requests in flight are answered [default: all]' -r
 complete -c cmpl -l drain-timeout -d 'With --serve: on SIGINT/SIGTERM, seconds the requests in flight may take to finish before they are cancelled, 0..86400 [default: 300]' -r
+complete -c cmpl -l queue-memory -d 'With --serve: memory the requests waiting for a slot may hold, in bytes (or with K, M or G); a request past it is answered 503 with Retry-After [default: an eighth of the memory free at start]' -r
+complete -c cmpl -l queue-timeout -d 'With --serve: seconds a request may wait for a slot before it is answered 503 with Retry-After, 1..86400 [default: 600, the OpenAI SDK\'s own timeout]' -r
 complete -c cmpl -l base-url -d 'Send requests to a server\'s completions API at this root (http://127.0.0.1:8080/v1) instead of running a local model; given again, several engines share the requests [default: $CMPL_BASE_URL]' -r
 complete -c cmpl -l connect-timeout -d 'Seconds to wait for a connection to the server, 1..3600 [default: 10]' -r
 complete -c cmpl -l read-timeout -d 'Seconds the server may stay silent once asked, 1..86400 [default: 600]' -r

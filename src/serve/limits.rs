@@ -126,8 +126,21 @@ pub struct Queue {
 /// Where a request stands (`InFlight::state`).
 const WAITING: u8 = 0;
 const ADMITTED: u8 = 1;
-/// Its client was answered 503 for waiting too long (or left).
+/// Its client was answered 503 for waiting too long.
 const GAVE_UP: u8 = 2;
+/// Its client left while it waited.
+const LEFT: u8 = 3;
+
+/// How a request left the waiting line (`InFlight::admit`).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Taken {
+    /// The decode loop has it.
+    Admitted,
+    /// Its client was told to retry: answered already.
+    GaveUp,
+    /// Its client went away.
+    Left,
+}
 
 impl Queue {
     pub fn new(memory: usize, timeout: Duration) -> Queue {
@@ -210,9 +223,15 @@ pub struct InFlight {
 }
 
 impl InFlight {
-    /// The decode loop takes it: false where its client gave up waiting.
-    pub fn admit(&self) -> bool {
-        self.leave_line(ADMITTED)
+    /// The decode loop takes it, unless its client gave up or left first.
+    pub fn admit(&self) -> Taken {
+        if self.leave_line(ADMITTED) {
+            return Taken::Admitted;
+        }
+        match self.state.load(Ordering::SeqCst) {
+            LEFT => Taken::Left,
+            _ => Taken::GaveUp,
+        }
     }
 
     /// What the HTTP side keeps to give up waiting.
@@ -256,6 +275,14 @@ impl Watch {
     }
 }
 
+impl Drop for Watch {
+    /// Its client went away: a request still waiting gives its memory back
+    /// at once (the decode loop passes it by).
+    fn drop(&mut self) {
+        leave(&self.state, &self.waiting, self.bytes, LEFT);
+    }
+}
+
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.leave_line(GAVE_UP);
@@ -277,20 +304,27 @@ mod tests {
         // One request alone is taken whatever its size.
         let big = queue.reserve(1, 1000).unwrap();
         assert!(queue.reserve(1, 10).is_none(), "past the memory");
-        assert!(big[0].admit(), "taken by the decode loop");
+        assert_eq!(big[0].admit(), Taken::Admitted);
         assert_eq!(queue.waiting_bytes(), 0);
         let two = queue.reserve(2, 100).unwrap();
         assert!(queue.reserve(2, 100).is_none(), "all or none");
         assert_eq!((queue.len(), queue.waiting_bytes()), (3, 200));
-        // A client that gave up: the decode loop passes its request by.
-        assert!(two[0].watch().give_up());
-        assert!(!two[0].admit());
-        assert!(two[1].admit());
+        // A client told to retry: the decode loop passes its request by.
+        let watch = two[0].watch();
+        assert!(watch.give_up());
+        drop(watch);
+        assert_eq!(two[0].admit(), Taken::GaveUp);
+        assert_eq!(two[1].admit(), Taken::Admitted);
         assert!(!two[1].watch().give_up(), "admitted: nothing to give up");
         assert_eq!(queue.waiting_bytes(), 0);
+        // A client that left: its memory is free at once.
+        let three = queue.reserve(1, 100).unwrap();
+        drop(three[0].watch());
+        assert_eq!(queue.waiting_bytes(), 0);
+        assert_eq!(three[0].admit(), Taken::Left);
         let one = queue.reserve(1, 50).unwrap();
         assert_eq!(queue.idle(), Duration::ZERO);
-        drop((big, two, one));
+        drop((big, two, three, one));
         assert_eq!((queue.len(), queue.waiting_bytes()), (0, 0));
         assert!(queue.idle() < Duration::from_secs(1));
     }

@@ -5,7 +5,7 @@
 //! there). A request whose client has gone is cancelled, and its slots freed.
 
 use super::body::Out;
-use super::limits::InFlight;
+use super::limits::{InFlight, Taken};
 use super::metrics::{Finished, Metrics};
 use super::verdicts::Verdicts;
 use crate::api::ResponseHeader;
@@ -161,12 +161,13 @@ pub fn run(
                 }
             };
             // One whose client was told to retry (it waited past the
-            // queue's time) was answered already.
-            if !submission.place.admit() {
+            // queue's time) was answered already; one whose client left
+            // while it waited costs nothing more.
+            let taken = submission.place.admit();
+            if taken == Taken::GaveUp {
                 continue;
             }
-            // A client that left while its request waited costs nothing more.
-            if submission.tx.is_closed() {
+            if taken == Taken::Left || submission.tx.is_closed() {
                 eprintln!(
                     "cmpl: POST {} 499 0 tokens 0.000 s (left while queued)",
                     submission.path
