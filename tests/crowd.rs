@@ -88,7 +88,7 @@ fn sixty_four_streaming_clients_back_to_back_are_all_answered_in_full() {
     assert_eq!(answered.len(), 128);
     assert!(answered
         .iter()
-        .all(|&(_, tokens)| tokens >= 1 && tokens <= 6));
+        .all(|&(_, tokens)| (1..=6).contains(&tokens)));
     // Each answer's first token and the ones after it were timed.
     assert_eq!(
         server.metric("vllm:time_to_first_token_seconds_count"),
