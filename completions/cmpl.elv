@@ -52,6 +52,7 @@ set edit:completion:arg-completer[cmpl] = {|@words|
             cand --reasoning-budget 'At most N thinking tokens: then the reasoning''s close is forced and the answer begins, as llama.cpp''s --reasoning-budget (implies --chat)'
             cand --request 'Read the JSON request from FILE (''-'' for stdin)'
             cand --prompt-file 'Read the prompt as plain text from FILE (''-'' for stdin)'
+            cand --tokenize 'Print the ids TEXT tokenizes to, as the model reads a prompt (its BOS included where it adds one), space-separated; with --json, {"tokens": [...], "count": N}. "-" reads TEXT from stdin'
             cand --batch 'Answer a JSON Lines file of requests (stdin without FILE), one JSON line out per line in, in order, decoding the requests together. Exit 1 if any line failed. Lines with "stream": true get a whole response'
             cand --output 'Write --batch''s answers to FILE instead of stdout, each as it completes (in input order; those ahead of their turn wait in FILE.pending). A rerun with the same input and FILE answers only what is missing'
             cand --parallel 'Sequences decoded together in --batch mode, and --serve''s slots [default: 32, fewer if their KV cache would take over half the memory]'

@@ -34,6 +34,7 @@ false\t''"
 complete -c cmpl -l reasoning-budget -d 'At most N thinking tokens: then the reasoning\'s close is forced and the answer begins, as llama.cpp\'s --reasoning-budget (implies --chat)' -r
 complete -c cmpl -l request -d 'Read the JSON request from FILE (\'-\' for stdin)' -r -F
 complete -c cmpl -l prompt-file -d 'Read the prompt as plain text from FILE (\'-\' for stdin)' -r -F
+complete -c cmpl -l tokenize -d 'Print the ids TEXT tokenizes to, as the model reads a prompt (its BOS included where it adds one), space-separated; with --json, {"tokens": [...], "count": N}. "-" reads TEXT from stdin' -r
 complete -c cmpl -l batch -d 'Answer a JSON Lines file of requests (stdin without FILE), one JSON line out per line in, in order, decoding the requests together. Exit 1 if any line failed. Lines with "stream": true get a whole response' -r -F
 complete -c cmpl -l output -d 'Write --batch\'s answers to FILE instead of stdout, each as it completes (in input order; those ahead of their turn wait in FILE.pending). A rerun with the same input and FILE answers only what is missing' -r -F
 complete -c cmpl -l parallel -d 'Sequences decoded together in --batch mode, and --serve\'s slots [default: 32, fewer if their KV cache would take over half the memory]' -r

@@ -46,6 +46,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> i32 {
         Action::Complete => crate::oneshot::run(&inv, &config, &mut json),
         Action::Ps => crate::resident::ps(&mut std::io::stdout().lock()),
         Action::Stop(which) => crate::resident::stop(which, &mut std::io::stdout().lock()),
+        Action::Tokenize(text) => tokenize(&inv, &config, text, json),
         Action::Serve(opts) => {
             // A resident's caller reads why it failed from its stdout.
             json |= opts.ready_pipe;
@@ -78,6 +79,36 @@ fn serve(
         ..config.clone()
     };
     crate::serve::run(engine, name, &config, &inv.runtime, opts)
+}
+
+/// `--tokenize TEXT`: the ids, space-separated or as JSON.
+fn tokenize(
+    inv: &crate::options::Invocation,
+    config: &crate::config::Config,
+    text: &str,
+    json: bool,
+) -> crate::error::Result<()> {
+    let text = match text {
+        "-" => {
+            let mut all = String::new();
+            std::io::stdin()
+                .read_to_string(&mut all)
+                .map_err(|e| CmplError::invalid("tokenize", format!("cannot read stdin: {e}")))?;
+            all
+        }
+        given => given.to_string(),
+    };
+    let named = inv.flags.get(fields::MODEL.name).and_then(|m| m.as_str());
+    let (engine, _) = crate::local::load_named(named, config.model.as_deref(), &inv.runtime)?;
+    let tokens = engine.tokens_of(&text, true, "tokenize")?;
+    let mut out = std::io::stdout().lock();
+    let line = if json {
+        serde_json::json!({"tokens": tokens, "count": tokens.len()}).to_string()
+    } else {
+        let ids: Vec<String> = tokens.iter().map(i32::to_string).collect();
+        ids.join(" ")
+    };
+    writeln!(out, "{line}").map_err(CmplError::from)
 }
 
 fn models_dir() -> crate::error::Result<()> {

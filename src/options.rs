@@ -24,6 +24,8 @@ pub enum Action {
     Ps,
     /// `--stop`: end the residents of this model (or `all`).
     Stop(String),
+    /// `--tokenize TEXT`: the ids the model reads it as.
+    Tokenize(String),
 }
 
 /// Where the request comes from.

@@ -277,6 +277,12 @@ pub struct Cli {
     )]
     pub prompt_file: Option<PathBuf>,
 
+    /// Print the ids TEXT tokenizes to, as the model reads a prompt (its BOS
+    /// included where it adds one), space-separated; with --json,
+    /// {"tokens": [...], "count": N}. "-" reads TEXT from stdin.
+    #[arg(long, value_name = "TEXT", conflicts_with_all = ["prompt", "prompt_file", "request", "batch", "serve", "base_url"], help_heading = "Input and output")]
+    pub tokenize: Option<String>,
+
     /// Answer a JSON Lines file of requests (stdin without FILE), one JSON
     /// line out per line in, in order, decoding the requests together. Exit
     /// 1 if any line failed. Lines with "stream": true get a whole response.

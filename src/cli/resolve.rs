@@ -63,6 +63,8 @@ impl Cli {
             Action::Ps
         } else if let Some(which) = &self.stop_resident {
             Action::Stop(which.clone())
+        } else if let Some(text) = &self.tokenize {
+            Action::Tokenize(text.clone())
         } else if let Some(file) = &self.batch {
             Action::Batch(crate::options::BatchFiles {
                 input: file.clone(),

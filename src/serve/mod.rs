@@ -25,6 +25,7 @@ mod metrics;
 mod policy;
 mod reply;
 mod routes;
+mod tokenizer;
 mod verdicts;
 mod worker;
 

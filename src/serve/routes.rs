@@ -2,7 +2,7 @@
 //! and what must hold before it is answered (the API key, a Unix socket).
 
 use super::reply::{error, json, Response};
-use super::{about, auth, caller, completions, Shared};
+use super::{about, auth, caller, completions, tokenizer, Shared};
 use crate::error::CmplError;
 use crate::wire;
 use bytes::Bytes;
@@ -24,6 +24,10 @@ pub enum Route {
     Chat,
     /// A cmpl caller's run, on a Unix socket only.
     Caller,
+    /// The model's tokenizer (vLLM's routes).
+    Tokenize,
+    Detokenize,
+    TokenizerInfo,
 }
 
 /// Every path the server answers, the API's with and without `/v1`.
@@ -37,6 +41,12 @@ const TABLE: &[(&str, Route)] = &[
     ("/health", Route::Health),
     ("/v1/health", Route::Health),
     ("/metrics", Route::Metrics),
+    ("/tokenize", Route::Tokenize),
+    ("/v1/tokenize", Route::Tokenize),
+    ("/detokenize", Route::Detokenize),
+    ("/v1/detokenize", Route::Detokenize),
+    ("/tokenizer_info", Route::TokenizerInfo),
+    ("/v1/tokenizer_info", Route::TokenizerInfo),
     (wire::STATUS, Route::Status),
     (wire::RUN, Route::Caller),
 ];
@@ -50,8 +60,14 @@ impl Route {
     fn method(self) -> Option<Method> {
         match self {
             Route::Health => None,
-            Route::Models | Route::Metrics | Route::Status => Some(Method::GET),
-            Route::Completions | Route::Chat | Route::Caller => Some(Method::POST),
+            Route::Models | Route::Metrics | Route::Status | Route::TokenizerInfo => {
+                Some(Method::GET)
+            }
+            Route::Completions
+            | Route::Chat
+            | Route::Caller
+            | Route::Tokenize
+            | Route::Detokenize => Some(Method::POST),
         }
     }
 
@@ -82,7 +98,7 @@ pub async fn handle(req: hyper::Request<Incoming>, shared: Arc<Shared>) -> Respo
 }
 
 const NO_ROUTE: &str =
-    "the API is POST /v1/completions, POST /v1/chat/completions and GET /v1/models";
+    "the API is POST /v1/completions, POST /v1/chat/completions, GET /v1/models, and the tokenizer's POST /tokenize, POST /detokenize and GET /tokenizer_info";
 
 async fn route(req: hyper::Request<Incoming>, shared: &Shared) -> Response {
     let path = req.uri().path().to_string();
@@ -129,6 +145,9 @@ async fn route(req: hyper::Request<Incoming>, shared: &Shared) -> Response {
             )
             .unwrap_or_else(|_| hyper::Response::new(Full::new(Bytes::new()).boxed())),
         Route::Caller => caller::run_for_caller(req, shared).await,
+        Route::Tokenize => tokenizer::tokenize(req, shared).await,
+        Route::Detokenize => tokenizer::detokenize(req, shared).await,
+        Route::TokenizerInfo => tokenizer::info(shared),
         Route::Completions => completions::complete(req, shared, false).await,
         Route::Chat => completions::complete(req, shared, true).await,
     }

@@ -29,6 +29,7 @@ mod run;
 mod sampler;
 mod scheduler;
 mod state;
+mod tokens;
 mod tool_grammar;
 mod vector;
 
@@ -36,6 +37,7 @@ pub use admit::Arrival;
 pub use cpu::cpu_features;
 pub use guide::unenforceable;
 pub use memory::available_memory;
+pub use tokens::TokenizerInfo;
 // The core's: a plain value the wire carries as it is.
 pub use cmpl_core::cells::Cells;
 

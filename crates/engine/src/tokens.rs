@@ -1,0 +1,92 @@
+//! The model's tokenizer as a face offers it (`cmpl --tokenize`, a server's
+//! `/tokenize`, `/detokenize` and `/tokenizer_info`): text to ids as a
+//! prompt is tokenized, ids back to text, and what a client needs to know
+//! of the vocabulary.
+
+use crate::Engine;
+use cmpl_core::error::{CmplError, Result};
+use llama_cpp_2::token::LlamaToken;
+
+/// What a client of the tokenizer needs to know of it (vLLM's
+/// `/tokenizer_info`, as evaluation harnesses read it).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TokenizerInfo {
+    pub bos_token: Option<String>,
+    pub eos_token: Option<String>,
+    pub pad_token: Option<String>,
+    pub chat_template: Option<String>,
+    pub model_max_length: u32,
+    pub vocab_size: u32,
+}
+
+impl Engine {
+    /// `text` as the model's ids, tokenized as a prompt is (special tokens
+    /// parsed), with the model's BOS where `add_special` and the model adds
+    /// one. A text that is surely longer than the model's context is
+    /// refused by its length alone, before any work (`field` names it).
+    pub fn tokens_of(&self, text: &str, add_special: bool, field: &str) -> Result<Vec<i32>> {
+        let window = self.n_ctx_train() as usize;
+        let at_least = text.len() / self.longest_piece();
+        if at_least > window {
+            return Err(CmplError::invalid(
+                field,
+                format!(
+                    "the text is {} bytes, at least {at_least} tokens, past the model's context of {window}; send less",
+                    text.len()
+                ),
+            ));
+        }
+        let vocab = self.model.vocab();
+        let mut tokens = vocab.tokenize(text.as_bytes(), false, true);
+        if add_special && vocab.should_add_bos() && tokens.first() != Some(&vocab.bos()) {
+            tokens.insert(0, vocab.bos());
+        }
+        Ok(tokens.into_iter().map(|t| t.0).collect())
+    }
+
+    /// The text `ids` make (special tokens written out); an id outside the
+    /// vocabulary is refused by its index in `field`.
+    pub fn text_of(&self, ids: &[i64], field: &str) -> Result<String> {
+        let n_vocab = i64::from(self.model.n_vocab());
+        let vocab = self.model.vocab();
+        let mut bytes = Vec::new();
+        for (i, &id) in ids.iter().enumerate() {
+            if !(0..n_vocab).contains(&id) {
+                return Err(CmplError::invalid(
+                    field,
+                    format!(
+                        "`{field}[{i}]` is {id}, and this model's vocabulary has ids 0 to {}",
+                        n_vocab - 1
+                    ),
+                ));
+            }
+            bytes.extend(vocab.token_to_piece(LlamaToken(id as i32), true, None));
+        }
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// The vocabulary's special tokens, the model's chat template and context.
+    pub fn tokenizer_info(&self) -> TokenizerInfo {
+        let vocab = self.model.vocab();
+        let text = |token: LlamaToken| {
+            (token.0 >= 0).then(|| {
+                String::from_utf8_lossy(&vocab.token_to_piece(token, true, None)).into_owned()
+            })
+        };
+        let pad = self
+            .info
+            .get_u64("tokenizer.ggml.padding_token_id")
+            .and_then(|id| text(LlamaToken(id as i32)));
+        TokenizerInfo {
+            bos_token: text(vocab.bos()),
+            eos_token: text(vocab.eos()),
+            pad_token: pad,
+            chat_template: self
+                .info
+                .get_str("tokenizer.chat_template")
+                .map(str::to_string),
+            model_max_length: self.n_ctx_train(),
+            vocab_size: self.model.n_vocab() as u32,
+        }
+    }
+}

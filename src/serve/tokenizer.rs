@@ -1,0 +1,200 @@
+//! The model's tokenizer over HTTP, as vLLM serves it (evaluation harnesses
+//! find it there) and in llama-server's shape where a body asks in it:
+//! `POST /tokenize`, `POST /detokenize`, `GET /tokenizer_info`. The work
+//! runs on a blocking thread, never on the decode loop, and is bounded by
+//! the body's size and the model's context.
+
+use super::completions::render_chats;
+use super::limits::read_body;
+use super::reply::{error, json, Refusal, Response};
+use super::Shared;
+use crate::error::CmplError;
+use crate::fields;
+use hyper::body::Incoming;
+use hyper::StatusCode;
+use serde_json::{json, Map, Value};
+
+/// Ids one `/detokenize` body may list.
+const MAX_IDS: usize = 1 << 20;
+
+/// `POST /tokenize`: vLLM's `{"prompt", "add_special_tokens"}` (or
+/// `{"messages"}`, rendered by the chat template) answered with `tokens`,
+/// `count` and `max_model_len`; llama-server's `{"content", "add_special",
+/// "with_pieces"}` with its `tokens`.
+pub async fn tokenize(req: hyper::Request<Incoming>, shared: &Shared) -> Response {
+    let body = match object(req, shared).await {
+        Ok(body) => body,
+        Err((status, e)) => return error(status, &e),
+    };
+    match tokenized(body, shared).await {
+        Ok(answer) => json(StatusCode::OK, answer.to_string()),
+        Err(e) => error(StatusCode::BAD_REQUEST, &e),
+    }
+}
+
+async fn tokenized(body: Map<String, Value>, shared: &Shared) -> Result<Value, CmplError> {
+    let flag = |name: &str, default: bool| match body.get(name) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(CmplError::invalid(
+            name,
+            format!("`{name}` must be true or false"),
+        )),
+    };
+    let engine = shared.engine;
+    let max_model_len = engine.tokenizer_info().model_max_length;
+    if let Some(content) = body.get("content") {
+        // llama-server's shape: no BOS unless asked.
+        let text = text(content, "content")?;
+        let (special, pieces) = (flag("add_special", false)?, flag("with_pieces", false)?);
+        let ids = blocking(move || engine.tokens_of(&text, special, "content")).await?;
+        let tokens: Vec<Value> = match pieces {
+            false => ids.iter().map(|&id| json!(id)).collect(),
+            true => ids
+                .iter()
+                .map(|&id| {
+                    let piece = engine
+                        .text_of(&[i64::from(id)], "tokens")
+                        .unwrap_or_default();
+                    json!({"id": id, "piece": piece})
+                })
+                .collect(),
+        };
+        return Ok(json!({ "tokens": tokens }));
+    }
+    let (prompt, messages) = (fields::PROMPT.name, fields::MESSAGES.name);
+    let ids = match (body.get(prompt), body.get(messages)) {
+        (Some(given), None) => {
+            let text = text(given, prompt)?;
+            let special = flag("add_special_tokens", true)?;
+            blocking(move || engine.tokens_of(&text, special, prompt)).await?
+        }
+        (None, Some(conversation)) => {
+            // Rendered as the chat endpoint renders it (the same checks).
+            let mut chat = Map::new();
+            chat.insert(messages.to_string(), conversation.clone());
+            let chat = Value::Object(chat).to_string();
+            let (request, _) = shared
+                .policy
+                .parse_chat(chat.as_bytes())
+                .map_err(|(_, e)| e)?;
+            let rendered = render_chats(vec![request], shared).await?.remove(0);
+            let special = flag("add_special_tokens", false)?;
+            blocking(move || engine.tokens_of(&rendered.prompt, special, messages)).await?
+        }
+        _ => {
+            return Err(CmplError::invalid(
+                prompt,
+                "give `prompt` (text) or `messages` (a chat), or llama-server's `content`",
+            ))
+        }
+    };
+    Ok(json!({"tokens": ids, "count": ids.len(), "max_model_len": max_model_len}))
+}
+
+/// `POST /detokenize`: `{"tokens": [ids]}` answered with the text as vLLM
+/// names it (`prompt`) and as llama-server does (`content`).
+pub async fn detokenize(req: hyper::Request<Incoming>, shared: &Shared) -> Response {
+    let body = match object(req, shared).await {
+        Ok(body) => body,
+        Err((status, e)) => return error(status, &e),
+    };
+    let ids = match ids(body.get("tokens")) {
+        Ok(ids) => ids,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+    };
+    let engine = shared.engine;
+    match blocking(move || engine.text_of(&ids, "tokens")).await {
+        Ok(text) => {
+            let mut answer = Map::new();
+            answer.insert(fields::PROMPT.name.to_string(), json!(text));
+            answer.insert("content".to_string(), json!(text));
+            json(StatusCode::OK, Value::Object(answer).to_string())
+        }
+        Err(e) => error(StatusCode::BAD_REQUEST, &e),
+    }
+}
+
+/// `GET /tokenizer_info`: the special tokens, the chat template, the context.
+pub fn info(shared: &Shared) -> Response {
+    json(
+        StatusCode::OK,
+        serde_json::to_string(&shared.engine.tokenizer_info()).unwrap_or_default(),
+    )
+}
+
+/// The body, read within the server's bounds, as a JSON object.
+async fn object(
+    req: hyper::Request<Incoming>,
+    shared: &Shared,
+) -> Result<Map<String, Value>, Refusal> {
+    let body = read_body(req.into_body(), &shared.body_bytes).await?;
+    match serde_json::from_slice::<Value>(&body.bytes) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err((
+            StatusCode::BAD_REQUEST,
+            CmplError::invalid("request", "the body must be a JSON object"),
+        )),
+        Err(e) => Err((
+            StatusCode::BAD_REQUEST,
+            CmplError::invalid("request", format!("the body is not JSON: {e}")),
+        )),
+    }
+}
+
+fn text(value: &Value, field: &str) -> Result<String, CmplError> {
+    value
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| CmplError::invalid(field, format!("`{field}` must be a string")))
+}
+
+/// Token ids as a body lists them: integers, at most `MAX_IDS`.
+fn ids(value: Option<&Value>) -> Result<Vec<i64>, CmplError> {
+    let bad = |why: String| CmplError::invalid("tokens", why);
+    let Some(Value::Array(items)) = value else {
+        return Err(bad("`tokens` must be a list of token ids".into()));
+    };
+    if items.len() > MAX_IDS {
+        return Err(bad(format!(
+            "`tokens` lists {} ids and at most {MAX_IDS} are taken",
+            items.len()
+        )));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            v.as_i64()
+                .ok_or_else(|| bad(format!("`tokens[{i}]` must be an integer token id")))
+        })
+        .collect()
+}
+
+/// Runs `work` on a blocking thread (the runtime's two are for connections).
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, CmplError> + Send + 'static,
+) -> Result<T, CmplError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| CmplError::internal(format!("the tokenizer's thread ended: {e}")))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_integers_within_the_bound() {
+        assert_eq!(ids(Some(&json!([1, 2, 3]))).unwrap(), [1, 2, 3]);
+        let e = ids(Some(&json!([1, "2"]))).unwrap_err();
+        assert_eq!(
+            (e.param.as_deref(), e.message.as_str()),
+            (Some("tokens"), "`tokens[1]` must be an integer token id")
+        );
+        assert!(ids(Some(&json!("12"))).is_err());
+        assert!(ids(None).is_err());
+        let many = Value::Array(vec![json!(0); MAX_IDS + 1]);
+        assert!(ids(Some(&many)).unwrap_err().message.contains("at most"));
+    }
+}
