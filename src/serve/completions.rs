@@ -14,7 +14,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::StatusCode;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Answers a completions body (`chat`: a chat completions one).
 pub async fn complete(req: hyper::Request<Incoming>, shared: &Shared, chat: bool) -> Response {
@@ -72,7 +72,12 @@ pub async fn complete(req: hyper::Request<Incoming>, shared: &Shared, chat: bool
             Err((status, e)) => return error(status, &e),
         }
     }
-    let timeout = shared.queue.timeout;
+    // Each waits for its slot until the same time: the last of a list as
+    // long as the first.
+    let timeout = Wait {
+        until: tokio::time::Instant::now() + shared.queue.timeout,
+        secs: shared.queue.timeout.as_secs(),
+    };
     if answers.len() == 1 {
         let (stream, answer) = answers.pop().expect("one answer");
         return respond(stream, answer, timeout).await;
@@ -172,7 +177,7 @@ fn submit(
 }
 
 /// The HTTP response for one request's answer: SSE as it comes, or JSON.
-async fn respond(stream: bool, mut answer: Answer, timeout: Duration) -> Response {
+async fn respond(stream: bool, mut answer: Answer, timeout: Wait) -> Response {
     if !stream {
         return match whole(&mut answer, timeout).await {
             Ok(bytes) => json(StatusCode::OK, String::from_utf8_lossy(&bytes).into_owned()),
@@ -193,16 +198,23 @@ async fn respond(stream: bool, mut answer: Answer, timeout: Duration) -> Respons
     }
 }
 
+/// How long a request may wait for its slot (`--queue-timeout`).
+#[derive(Clone, Copy)]
+struct Wait {
+    until: tokio::time::Instant,
+    secs: u64,
+}
+
 /// The first message says how the answer starts: an error, or bytes. A
-/// request still waiting for a slot after `timeout` is given up and
-/// answered 503 (an admitted one is waited for: its prompt is under way).
-async fn first(answer: &mut Answer, timeout: Duration) -> std::result::Result<Bytes, Refusal> {
-    let message = match tokio::time::timeout(timeout, answer.rx.recv()).await {
+/// request still waiting for a slot at `timeout` is given up and answered
+/// 503 (an admitted one is waited for: its prompt is under way).
+async fn first(answer: &mut Answer, timeout: Wait) -> std::result::Result<Bytes, Refusal> {
+    let message = match tokio::time::timeout_at(timeout.until, answer.rx.recv()).await {
         Ok(message) => message,
         Err(_) if answer.watch.give_up() => {
             return Err(busy(&format!(
                 "the server is busy: no slot came free in {} s (--queue-timeout); retry later",
-                timeout.as_secs()
+                timeout.secs
             )))
         }
         Err(_) => answer.rx.recv().await,
@@ -218,7 +230,7 @@ async fn first(answer: &mut Answer, timeout: Duration) -> std::result::Result<By
 }
 
 /// A whole (non-streamed) answer.
-async fn whole(answer: &mut Answer, timeout: Duration) -> std::result::Result<Vec<u8>, Refusal> {
+async fn whole(answer: &mut Answer, timeout: Wait) -> std::result::Result<Vec<u8>, Refusal> {
     let mut whole = first(answer, timeout).await?.to_vec();
     while let Some(Out::Bytes(more)) = answer.rx.recv().await {
         whole.extend_from_slice(&more);

@@ -159,11 +159,12 @@ impl Queue {
     /// memory (one request alone is always taken: it is bounded as a body).
     pub fn reserve(&self, count: usize, bytes: usize) -> Option<Vec<InFlight>> {
         let total = count.saturating_mul(bytes);
-        let before = self.waiting.fetch_add(total, Ordering::SeqCst);
-        if before > 0 && before + total > self.memory {
-            self.waiting.fetch_sub(total, Ordering::SeqCst);
-            return None;
-        }
+        let fits = |before: usize| before == 0 || before + total <= self.memory;
+        self.waiting
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |before| {
+                fits(before).then_some(before + total)
+            })
+            .ok()?;
         self.in_flight.fetch_add(count, Ordering::SeqCst);
         Some(
             (0..count)
@@ -223,9 +224,11 @@ pub struct InFlight {
 }
 
 impl InFlight {
-    /// The decode loop takes it, unless its client gave up or left first.
+    /// The decode loop takes it (its bytes leave the queue's count with
+    /// it), unless its client gave up or left first.
     pub fn admit(&self) -> Taken {
         if self.leave_line(ADMITTED) {
+            self.waiting.fetch_sub(self.bytes, Ordering::SeqCst);
             return Taken::Admitted;
         }
         match self.state.load(Ordering::SeqCst) {
@@ -238,54 +241,49 @@ impl InFlight {
     pub fn watch(&self) -> Watch {
         Watch {
             state: self.state.clone(),
-            waiting: self.waiting.clone(),
-            bytes: self.bytes,
         }
     }
 
     fn leave_line(&self, to: u8) -> bool {
-        leave(&self.state, &self.waiting, self.bytes, to)
+        leave(&self.state, to)
     }
 }
 
-/// Leaves the waiting line for `to` once (the bytes given back then): false
-/// where it had left already.
-fn leave(state: &AtomicU8, waiting: &AtomicUsize, bytes: usize, to: u8) -> bool {
-    let left = state
+/// Leaves the waiting line for `to`, once: false where it had left already.
+/// A request that leaves unadmitted still holds its bytes until the decode
+/// loop passes it by (its `InFlight` is dropped): it is still in memory.
+fn leave(state: &AtomicU8, to: u8) -> bool {
+    state
         .compare_exchange(WAITING, to, Ordering::SeqCst, Ordering::SeqCst)
-        .is_ok();
-    if left {
-        waiting.fetch_sub(bytes, Ordering::SeqCst);
-    }
-    left
+        .is_ok()
 }
 
 /// A request's standing, seen from the HTTP side.
 pub struct Watch {
     state: Arc<AtomicU8>,
-    waiting: Arc<AtomicUsize>,
-    bytes: usize,
 }
 
 impl Watch {
     /// Gives up a request still waiting for a slot (the decode loop will
     /// pass it by): false where it was admitted already.
     pub fn give_up(&self) -> bool {
-        leave(&self.state, &self.waiting, self.bytes, GAVE_UP)
+        leave(&self.state, GAVE_UP)
     }
 }
 
 impl Drop for Watch {
-    /// Its client went away: a request still waiting gives its memory back
-    /// at once (the decode loop passes it by).
+    /// Its client went away: a request still waiting is passed by.
     fn drop(&mut self) {
-        leave(&self.state, &self.waiting, self.bytes, LEFT);
+        leave(&self.state, LEFT);
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.leave_line(GAVE_UP);
+        // Never admitted: its bytes were counted until now.
+        if self.state.load(Ordering::SeqCst) != ADMITTED {
+            self.waiting.fetch_sub(self.bytes, Ordering::SeqCst);
+        }
         // Idle from the end of the last request (keep-alive counts from here).
         let now = self.born.elapsed().as_millis() as u64;
         self.last_active.fetch_max(now, Ordering::SeqCst);
@@ -316,15 +314,25 @@ mod tests {
         assert_eq!(two[0].admit(), Taken::GaveUp);
         assert_eq!(two[1].admit(), Taken::Admitted);
         assert!(!two[1].watch().give_up(), "admitted: nothing to give up");
+        assert_eq!(
+            queue.waiting_bytes(),
+            100,
+            "the one given up, until dropped"
+        );
+        let [given_up, admitted] = <[InFlight; 2]>::try_from(two).ok().unwrap();
+        drop(given_up);
         assert_eq!(queue.waiting_bytes(), 0);
-        // A client that left: its memory is free at once.
+        // A client that left: its request holds its memory until the
+        // decode loop passes it by.
         let three = queue.reserve(1, 100).unwrap();
         drop(three[0].watch());
-        assert_eq!(queue.waiting_bytes(), 0);
         assert_eq!(three[0].admit(), Taken::Left);
+        assert_eq!(queue.waiting_bytes(), 100);
+        drop(three);
+        assert_eq!(queue.waiting_bytes(), 0);
         let one = queue.reserve(1, 50).unwrap();
         assert_eq!(queue.idle(), Duration::ZERO);
-        drop((big, two, three, one));
+        drop((big, admitted, one));
         assert_eq!((queue.len(), queue.waiting_bytes()), (0, 0));
         assert!(queue.idle() < Duration::from_secs(1));
     }

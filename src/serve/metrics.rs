@@ -79,7 +79,7 @@ pub struct Metrics {
     statuses: Mutex<BTreeMap<u16, u64>>,
     /// Arrival to last byte.
     latency: Histogram,
-    /// Arrival to the first token sent.
+    /// Queued to the first token written.
     ttft: Histogram,
     /// Between two tokens of one answer.
     itl: Histogram,
@@ -249,12 +249,12 @@ impl Metrics {
         self.ttft.render(
             &mut out,
             "vllm:time_to_first_token_seconds",
-            "Arrival to the first token sent.",
+            "Queued (body read, chat rendered) to the first token written.",
         );
         self.itl.render(
             &mut out,
             "vllm:inter_token_latency_seconds",
-            "Time between two tokens sent of one answer.",
+            "Time between two tokens written of one answer.",
         );
         out
     }

@@ -34,14 +34,17 @@ const SERVE_CELLS_PER_SLOT: u32 = 4096;
 
 impl Engine {
     /// The server's slots: `parallel` where given, else as `--batch` sizes
-    /// its parallelism: as many as it runs (32), halved while their KV cache
-    /// (`ctx_size`, or 4096 cells a slot) would take more than half the
-    /// memory. Memory, not a count, is what bounds a crowd.
+    /// its parallelism: as many as it runs (32; with `ctx_size`, as many
+    /// slots of 4096 cells as it holds), halved while their KV cache would
+    /// take more than half the memory. Memory, not a count, is what bounds
+    /// a crowd.
     pub fn serve_slots(&self, parallel: Option<u32>, ctx_size: Option<u32>) -> u32 {
         if let Some(p) = parallel {
             return p;
         }
-        let mut p = DEFAULT_PARALLEL;
+        // With --ctx-size, each slot keeps a slot's worth of cells.
+        let slot = SERVE_CELLS_PER_SLOT.min(self.n_ctx_train());
+        let mut p = ctx_size.map_or(DEFAULT_PARALLEL, |c| (c / slot).clamp(1, DEFAULT_PARALLEL));
         while p > 1 && !self.fits_comfortably(self.serve_shape(p, ctx_size)) {
             p /= 2;
         }

@@ -68,15 +68,19 @@ impl Engine {
     /// The vocabulary's special tokens, the model's chat template and context.
     pub fn tokenizer_info(&self) -> TokenizerInfo {
         let vocab = self.model.vocab();
+        let n_vocab = self.model.n_vocab();
+        // A file may name a special token past its vocabulary (llama.cpp
+        // ignores it): no such token is read.
         let text = |token: LlamaToken| {
-            (token.0 >= 0).then(|| {
+            (0..n_vocab).contains(&token.0).then(|| {
                 String::from_utf8_lossy(&vocab.token_to_piece(token, true, None)).into_owned()
             })
         };
         let pad = self
             .info
             .get_u64("tokenizer.ggml.padding_token_id")
-            .and_then(|id| text(LlamaToken(id as i32)));
+            .and_then(|id| i32::try_from(id).ok())
+            .and_then(|id| text(LlamaToken(id)));
         TokenizerInfo {
             bos_token: text(vocab.bos()),
             eos_token: text(vocab.eos()),

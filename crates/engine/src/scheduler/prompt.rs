@@ -62,8 +62,8 @@ impl Run<'_> {
     /// evaluated here and now instead, alone as they would be in any mix,
     /// as many tokens per decode call as the batch takes, each job started
     /// as soon as its last prompt token is decoded. Returns the jobs not
-    /// admitted: from the first whose prompt begins with cells another
-    /// prompt is still on its way to filling (it waits for them).
+    /// admitted: those whose prompts begin with cells another prompt is
+    /// still on its way to filling (they wait for them; the others go on).
     pub(super) fn admit(
         &mut self,
         jobs: Vec<(usize, Job)>,
@@ -75,11 +75,11 @@ impl Run<'_> {
         // Jobs whose last prompt token is in the batch, and its index there.
         let mut ready: Vec<(Prompted, i32)> = Vec::new();
         batch.clear();
-        let mut jobs = jobs.into_iter();
-        while let Some((index, job)) = jobs.next() {
+        let mut deferred = Vec::new();
+        for (index, job) in jobs {
             if self.waits_for_prefix(&job) {
-                self.flush(&mut ready, ctx, batch, sink)?;
-                return Ok(std::iter::once((index, job)).chain(jobs).collect());
+                deferred.push((index, job));
+                continue;
             }
             let echo = job.request.echo;
             let scored = scored(&job);
@@ -143,7 +143,7 @@ impl Run<'_> {
             ready.push((prompted, last));
         }
         self.flush(&mut ready, ctx, batch, sink)?;
-        Ok(Vec::new())
+        Ok(deferred)
     }
 
     /// Whether the longest prefix `job` could start from lies in cells a
