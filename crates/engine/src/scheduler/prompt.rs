@@ -40,6 +40,27 @@ impl Prefill {
     }
 }
 
+/// How many of `room` tokens each prompt on its way in takes (`lefts`: the
+/// tokens each has left, oldest first): a quarter to the oldest, so none
+/// starves, the rest to the shortest first, whole where they fit (ties in
+/// arrival order).
+fn shares(lefts: &[usize], room: usize) -> Vec<usize> {
+    let mut takes = vec![0; lefts.len()];
+    let Some(&oldest) = lefts.first() else {
+        return takes;
+    };
+    takes[0] = oldest.min(room.div_ceil(4));
+    let mut free = room - takes[0];
+    let mut order: Vec<usize> = (0..lefts.len()).collect();
+    order.sort_by_key(|&i| lefts[i]);
+    for i in order {
+        let take = (lefts[i] - takes[i]).min(free);
+        takes[i] += take;
+        free -= take;
+    }
+    takes
+}
+
 /// The fewest prompt tokens worth reusing: fewer cost about what a copy of
 /// another slot's whole stream does, and prompts that share no more than
 /// their first few tokens (a BOS, a word) lay their cells out exactly as
@@ -184,19 +205,11 @@ impl Run<'_> {
         room: usize,
     ) -> Result<Vec<(Prompted, i32)>> {
         let n = self.prefilling.len();
-        let mut takes = vec![0; n];
         if n == 0 {
             return Ok(Vec::new());
         }
-        takes[0] = self.prefilling[0].left().min(room.div_ceil(4));
-        let mut left = room - takes[0];
-        let mut order: Vec<usize> = (0..n).collect();
-        order.sort_by_key(|&i| self.prefilling[i].left());
-        for i in order {
-            let take = (self.prefilling[i].left() - takes[i]).min(left);
-            takes[i] += take;
-            left -= take;
-        }
+        let lefts: Vec<usize> = self.prefilling.iter().map(Prefill::left).collect();
+        let takes = shares(&lefts, room);
         let mut ready = Vec::new();
         let mut waiting = Vec::with_capacity(n);
         for (mut p, take) in std::mem::take(&mut self.prefilling).into_iter().zip(takes) {
@@ -612,5 +625,31 @@ impl Run<'_> {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shares;
+
+    #[test]
+    fn the_oldest_prompt_always_moves_and_short_ones_go_in_whole() {
+        // A long prompt first: a short one behind it goes in whole at once.
+        assert_eq!(shares(&[3000, 20], 512), [492, 20]);
+        // Several short ones behind a long one: all in, the long one moves.
+        assert_eq!(shares(&[3000, 20, 30, 10], 512), [452, 20, 30, 10]);
+        // Many long ones: the oldest keeps its quarter, the shortest the rest.
+        assert_eq!(shares(&[2000, 900, 600], 512), [128, 0, 384]);
+        // Prompts of a kind go in arrival order.
+        assert_eq!(shares(&[300, 300, 300], 512), [300, 212, 0]);
+        // Less room than prompts: the oldest still moves.
+        assert_eq!(shares(&[50, 50], 1), [1, 0]);
+        assert_eq!(shares(&[], 512), Vec::<usize>::new());
+        // Never more than the room, nor than a prompt has left.
+        for (lefts, room) in [(vec![1, 2, 3], 4), (vec![700, 5, 900, 1], 512)] {
+            let takes = shares(&lefts, room);
+            assert!(takes.iter().sum::<usize>() <= room);
+            assert!(takes.iter().zip(&lefts).all(|(t, l)| t <= l));
+        }
     }
 }
