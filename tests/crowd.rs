@@ -53,6 +53,14 @@ fn streamed(body: &str) -> (String, u64) {
     (text, tokens.expect("a usage chunk"))
 }
 
+/// A streamed greedy answer of exactly `max_tokens` tokens (no stop comes),
+/// to keep a slot busy.
+fn busy_stream(max_tokens: u32) -> Value {
+    json!({"prompt": "1, 2, 3,", "max_tokens": max_tokens, "temperature": 0,
+           "stream": true, "stream_options": {"include_usage": true},
+           "stop": ["never said"]})
+}
+
 #[test]
 fn sixty_four_streaming_clients_back_to_back_are_all_answered_in_full() {
     // The defaults: slots as many as memory allows (32 for this model),
@@ -136,12 +144,7 @@ fn past_the_queues_memory_a_request_is_refused_with_retry_after_and_none_accepte
     let server = &server;
     let padding = "word ".repeat(180);
     let results: Vec<(u16, Option<String>, String)> = std::thread::scope(|s| {
-        let busy = s.spawn(move || {
-            let body = json!({"prompt": "1, 2, 3,", "max_tokens": 48, "temperature": 0,
-                              "stream": true, "stream_options": {"include_usage": true},
-                              "stop": ["never said"]});
-            post(server, &body)
-        });
+        let busy = s.spawn(move || post(server, &busy_stream(48)));
         server.wait_metric("vllm:num_requests_running", |n| n >= 1.0);
         let waiting: Vec<_> = (0..10)
             .map(|i| {
@@ -183,12 +186,7 @@ fn a_request_waits_for_a_slot_no_longer_than_the_queue_timeout() {
     let server = Served::start(&["--parallel", "1", "--queue-timeout", "1"], &[]);
     let server = &server;
     std::thread::scope(|s| {
-        let busy = s.spawn(move || {
-            let body = json!({"prompt": "1, 2, 3,", "max_tokens": 400, "temperature": 0,
-                              "stream": true, "stream_options": {"include_usage": true},
-                              "stop": ["never said"]});
-            post(server, &body)
-        });
+        let busy = s.spawn(move || post(server, &busy_stream(400)));
         server.wait_metric("vllm:num_requests_running", |n| n >= 1.0);
         let (status, retry, text) = post(server, &json!({"prompt": "Hello", "max_tokens": 2}));
         assert_eq!((status, retry.as_deref()), (503, Some("1")), "{text}");

@@ -134,16 +134,11 @@ impl Run<'_> {
             }
             let n_prompt = prompted.job.tokens.len();
             // Deterministic mode: the prompt alone, in chunks from its start.
-            let chunk = if self.exact {
-                if batch.n_tokens() > 0 {
-                    self.flush(&mut ready, ctx, batch, sink)?;
-                }
-                PROMPT_CHUNK
-            } else {
-                self.batch_size
-            };
+            if batch.n_tokens() > 0 {
+                self.flush(&mut ready, ctx, batch, sink)?;
+            }
             for (pos, &token) in prompted.job.tokens.iter().enumerate().skip(reused) {
-                if batch.n_tokens() as usize >= chunk {
+                if batch.n_tokens() as usize >= PROMPT_CHUNK {
                     if interrupted.load(Ordering::Relaxed) {
                         return Err(CmplError::interrupted());
                     }
