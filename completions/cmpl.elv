@@ -74,6 +74,7 @@ set edit:completion:arg-completer[cmpl] = {|@words|
             cand --read-timeout 'Seconds the server may stay silent once asked, 1..86400 [default: 600]'
             cand --color 'When to colour output'
             cand --reasoning 'Text mode: where a thinking model''s reasoning goes. auto: to stderr, dimmed, when stderr is a terminal (a person watching sees it think), else nowhere (logs stay the answers''); show: to stderr always; hide: nowhere. Stdout holds the answer alone either way'
+            cand --compat 'Whose shape an answer takes where the contract and OpenAI''s completions differ. cmpl: the contract''s (an echoed prompt in the response''s prompt[]); openai: OpenAI''s (the echoed prompt at the head of each choice''s text and logprobs, as evaluation harnesses read it). For --json, --batch and --serve'
             cand --generate 'Print the man page or a shell completion script'
             cand --json-object 'The text is a JSON object (response_format json_object)'
             cand --think 'A thinking model reasons before it answers: the template''s enable_thinking (unset, each template keeps its own default; implies --chat). The reasoning is kept apart from the answer (--reasoning; reasoning_content in JSON)'

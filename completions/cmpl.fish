@@ -58,6 +58,8 @@ never\t''"
 complete -c cmpl -l reasoning -d 'Text mode: where a thinking model\'s reasoning goes. auto: to stderr, dimmed, when stderr is a terminal (a person watching sees it think), else nowhere (logs stay the answers\'); show: to stderr always; hide: nowhere. Stdout holds the answer alone either way' -r -f -a "auto\t''
 show\t''
 hide\t''"
+complete -c cmpl -l compat -d 'Whose shape an answer takes where the contract and OpenAI\'s completions differ. cmpl: the contract\'s (an echoed prompt in the response\'s prompt[]); openai: OpenAI\'s (the echoed prompt at the head of each choice\'s text and logprobs, as evaluation harnesses read it). For --json, --batch and --serve' -r -f -a "cmpl\t''
+openai\t''"
 complete -c cmpl -l generate -d 'Print the man page or a shell completion script' -r -f -a "man\t''
 complete-bash\t''
 complete-zsh\t''

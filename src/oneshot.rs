@@ -43,7 +43,8 @@ pub fn run(inv: &Invocation, config: &Config, json: &mut bool) -> Result<()> {
         .clone()
         .overlay(base)
         .overlay(inv.flags.clone());
-    let request = Request::validate(&raw)?;
+    let mut request = Request::validate(&raw)?;
+    inv.compat.apply(&mut request);
     let (backend, model) = crate::open::backend(
         request.model.as_deref(),
         config.model.as_deref(),

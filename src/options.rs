@@ -102,6 +102,23 @@ impl Reasoning {
     }
 }
 
+/// Whose shape answers take where the contract and OpenAI's completions
+/// differ (`--compat`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Compat {
+    #[default]
+    Cmpl,
+    /// An echoed prompt inside each choice, as OpenAI's completions put it.
+    OpenAi,
+}
+
+impl Compat {
+    /// Sets what `request`'s answer shows as this shape asks.
+    pub fn apply(self, request: &mut crate::request::Request) {
+        request.echo_in_choices = self == Compat::OpenAi;
+    }
+}
+
 /// A command line, resolved.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Invocation {
@@ -114,6 +131,7 @@ pub struct Invocation {
     pub json: bool,
     pub color: Color,
     pub reasoning: Reasoning,
+    pub compat: Compat,
 }
 
 /// Where `--serve` listens without an address.
@@ -160,6 +178,8 @@ pub struct ServeOptions {
     pub queue_memory: Option<u64>,
     /// How long a request may wait for a slot (`--queue-timeout`).
     pub queue_timeout: Duration,
+    /// `--compat`: whose shape answers take.
+    pub compat: Compat,
     /// Started by a caller (`CMPL_RESIDENT_READY`): stdout is a pipe that
     /// hears `ready` once this listens, or the error that stopped it.
     pub ready_pipe: bool,

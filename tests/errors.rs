@@ -38,11 +38,15 @@ const fn body(json: &'static str, param: &'static str, says: &'static str) -> Ca
 
 const CASES: &[Case] = &[
     // Flags: out of range, wrong type.
-    flag(&["hi", "--max-tokens", "0"], "max_tokens", "integer from 1"),
+    flag(
+        &["hi", "--max-tokens", "0"],
+        "max_tokens",
+        "0 generates nothing; give 1 or more",
+    ),
     flag(
         &["hi", "--max-tokens", "-3"],
         "max_tokens",
-        "integer from 1",
+        "integer from 0",
     ),
     flag(&["hi", "--temperature", "3"], "temperature", "from 0 to 2"),
     flag(&["hi", "--temperature", "NaN"], "temperature", "finite"),
@@ -140,7 +144,7 @@ const CASES: &[Case] = &[
     body(
         "{\"prompt\": \"hi\", \"max_tokens\": 99999999999}",
         "max_tokens",
-        "integer from 1",
+        "integer from 0",
     ),
     body(
         "{\"prompt\": \"hi\", \"stop\": {\"x\": 1}}",

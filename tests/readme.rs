@@ -189,6 +189,12 @@ impl Servers {
                     .join("\n");
             }
         }
+        if text.contains("lm_eval ") {
+            // lm-evaluation-harness, from the venv scripts/test puts it in.
+            let python = common::sdk::eval_python_path();
+            let dir = python.parent().unwrap().display().to_string();
+            s.path.push(dir);
+        }
         if text.contains("ggml-rpc-server") {
             // llama.cpp's RPC server (bench/compare --server builds it), on a
             // port free here.

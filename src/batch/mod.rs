@@ -26,6 +26,7 @@ struct Line {
     header: ResponseHeader,
     /// The prompt, when echoed (a chat's as its template rendered it).
     echoed: Option<String>,
+    echo: crate::printer::Echo,
     logprobs: Option<u32>,
     /// The tools its answer may call, read back from its text.
     tools: Option<crate::tools::Tools>,
@@ -52,7 +53,7 @@ impl Form {
             crate::printer::response(
                 &line.header,
                 echoed,
-                line.echoed.is_some(),
+                line.echo,
                 line.logprobs,
                 line.tools.as_ref(),
                 result,
@@ -161,12 +162,12 @@ pub fn run(inv: &Invocation, config: &Config, files: &BatchFiles) -> Result<bool
                     custom_id: Some(line.custom_id),
                     chat: line.chat,
                 };
-                let request = layered(&config.request, line.body, &inv.flags, &header)?;
+                let request = layered(&config.request, line.body, inv, &header)?;
                 // The served model answers; the answer carries the line's name.
                 Ok((request, line.model))
             })
         } else {
-            parse(&config.request, &inv.flags, text, &header).map(|r| (r, None))
+            parse(&config.request, inv, text, &header).map(|r| (r, None))
         };
         match parsed {
             Ok((request, named)) => {
@@ -183,6 +184,7 @@ pub fn run(inv: &Invocation, config: &Config, files: &BatchFiles) -> Result<bool
                     number: *number,
                     header,
                     echoed,
+                    echo: crate::printer::Echo::of(&request),
                     logprobs: request.logprobs,
                     tools: request.callable_tools().cloned(),
                     form,
@@ -253,14 +255,14 @@ pub fn run(inv: &Invocation, config: &Config, files: &BatchFiles) -> Result<bool
 /// Parses one line and layers it (config below, flags on top), then checks it.
 fn parse(
     config: &RawRequest,
-    flags: &RawRequest,
+    inv: &Invocation,
     text: &str,
     header: &ResponseHeader,
 ) -> Result<Request> {
     layered(
         config,
         RawRequest::from_json(text, "this line")?,
-        flags,
+        inv,
         header,
     )
 }
@@ -269,11 +271,12 @@ fn parse(
 fn layered(
     config: &RawRequest,
     line: RawRequest,
-    flags: &RawRequest,
+    inv: &Invocation,
     header: &ResponseHeader,
 ) -> Result<Request> {
-    let raw = config.clone().overlay(line).overlay(flags.clone());
+    let raw = config.clone().overlay(line).overlay(inv.flags.clone());
     let mut request = Request::validate(&raw)?;
+    inv.compat.apply(&mut request);
     // Lines are answered whole: streaming makes no sense interleaved.
     request.stream = false;
     // An unseeded line's seed comes from its id, so a run's output file is

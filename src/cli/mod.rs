@@ -10,7 +10,7 @@ mod values;
 pub use resolve::CONFIG_RUNTIME_KEYS;
 
 use crate::generate::Kind;
-use crate::options::{Color, Reasoning};
+use crate::options::{Color, Compat, Reasoning};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{ArgAction, Parser};
 use std::path::PathBuf;
@@ -447,6 +447,22 @@ pub struct Cli {
         help_heading = "Input and output"
     )]
     pub reasoning: Reasoning,
+
+    /// Whose shape an answer takes where the contract and OpenAI's
+    /// completions differ. cmpl: the contract's (an echoed prompt in the
+    /// response's prompt[]); openai: OpenAI's (the echoed prompt at the head
+    /// of each choice's text and logprobs, as evaluation harnesses read it).
+    /// For --json, --batch and --serve.
+    #[arg(
+        long,
+        value_name = "API",
+        value_parser = PossibleValuesParser::new(["cmpl", "openai"]).map(|w| match w.as_str() {
+            "openai" => Compat::OpenAi,
+            _ => Compat::Cmpl,
+        }),
+        help_heading = "Input and output"
+    )]
+    pub compat: Option<Compat>,
 
     /// List the models in the models folder and the hub cache with size, architecture and parameters.
     #[arg(long, help_heading = "Other")]

@@ -30,6 +30,7 @@ pub const CONFIG_RUNTIME_KEYS: &[&str] = &[
     "connect_timeout",
     "read_timeout",
     "keep_alive",
+    "compat",
 ];
 
 /// Defaults of the remote engine's timeouts, in seconds.
@@ -51,6 +52,7 @@ impl Cli {
             })
             .transpose()?;
         let keep_alive = self.keep_alive.or(from_env).or(from_config.keep_alive);
+        let compat = self.compat.or(from_config.compat).unwrap_or_default();
         let action = if self.version {
             Action::Version
         } else if let Some(kind) = self.generate {
@@ -87,6 +89,7 @@ impl Cli {
                     self.queue_timeout
                         .unwrap_or(crate::options::DEFAULT_QUEUE_SECS),
                 ),
+                compat,
                 ready_pipe: std::env::var_os("CMPL_RESIDENT_READY").is_some(),
             })
         } else {
@@ -188,6 +191,7 @@ impl Cli {
             json,
             color: self.color,
             reasoning: self.reasoning,
+            compat,
             action,
         })
     }
@@ -433,6 +437,8 @@ fn runtime_from_config(config: &Config) -> Result<Cli> {
             (_, "rpc") => Err("\"HOST:PORT\", or a list of them"),
             (Value::String(s), "keep_alive") => Ok(s.clone()),
             (_, "keep_alive") => Err("a duration like \"5m\", or seconds"),
+            (Value::String(s), "compat") => Ok(s.clone()),
+            (_, "compat") => Err("\"cmpl\" or \"openai\""),
             _ => Err("a whole number"),
         };
         let text =

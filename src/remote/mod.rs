@@ -171,8 +171,15 @@ impl Backend for Remote {
 /// A chat request as a server's completions API takes it: rendered here,
 /// by the template the request gives (the server's model's own cannot be
 /// read from here), without BOS text (the server adds its model's BOS to
-/// any prompt), its end of turn a stop.
+/// any prompt), its end of turn a stop. Token ids are read against the
+/// model's vocabulary where it runs: a remote engine is sent text.
 fn render_chat(mut request: Request) -> Result<Request> {
+    if request.prompt_ids.is_some() {
+        return Err(CmplError::invalid(
+            fields::PROMPT.name,
+            "`prompt` is token ids, which are read against the model's vocabulary where it runs, and a remote engine is sent text: send the text, or the ids to that server itself",
+        ));
+    }
     let Some(chat) = &request.chat else {
         return Ok(request);
     };

@@ -27,6 +27,8 @@ pub struct Policy {
     pub parallel: u32,
     /// Prompts one body may list.
     list_limit: usize,
+    /// Whose shape the answers take (`--compat`).
+    compat: crate::options::Compat,
 }
 
 impl Policy {
@@ -42,6 +44,7 @@ impl Policy {
             template: config.request.get(fields::CHAT_TEMPLATE.name).cloned(),
             parallel,
             list_limit: parallel as usize * PROMPTS_PER_SLOT,
+            compat: opts.compat,
         }
     }
 
@@ -121,7 +124,8 @@ impl Policy {
 
     fn one(&self, raw: &RawRequest) -> std::result::Result<Request, Refusal> {
         let bad = |e: CmplError| (StatusCode::BAD_REQUEST, e);
-        let request = Request::validate(raw).map_err(bad)?;
+        let mut request = Request::validate(raw).map_err(bad)?;
+        self.compat.apply(&mut request);
         if request.n > self.parallel {
             return Err(bad(CmplError::invalid(
                 fields::N.name,
@@ -180,6 +184,7 @@ mod tests {
             keep_alive: None,
             queue_memory: None,
             queue_timeout: std::time::Duration::from_secs(1),
+            compat: Default::default(),
             ready_pipe: false,
         };
         Policy::new("served".into(), &config, &opts, 2)

@@ -6,15 +6,26 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
 fn sdk_python() -> PathBuf {
-    let python = std::env::var_os("CMPL_SDK_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME"))
-                .join(".cache/cmpl-build/sdk-venv/bin/python")
-        });
+    venv_python(
+        "CMPL_SDK_PYTHON",
+        "sdk-venv",
+        "the SDK's Python",
+        "`together`",
+    )
+}
+
+/// A venv's Python that scripts/test makes: where `var` names it, else
+/// under the build cache.
+fn venv_python(var: &str, venv: &str, what: &str, installs: &str) -> PathBuf {
+    let python = std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var_os("HOME").expect("HOME"))
+            .join(".cache/cmpl-build")
+            .join(venv)
+            .join("bin/python")
+    });
     assert!(
         python.exists(),
-        "the SDK's Python is missing at {}: run scripts/test (it installs `together` in that venv)",
+        "{what} is missing at {}: run scripts/test (it installs {installs} in that venv)",
         python.display()
     );
     python
@@ -74,4 +85,15 @@ pub fn python_script(name: &str, args: &[&str]) {
 /// The venv's Python, for scripts a test runs itself.
 pub fn sdk_python_path() -> PathBuf {
     sdk_python()
+}
+
+/// lm-evaluation-harness's Python: scripts/test installs `lm_eval[api]`
+/// in a venv of its own (its dependencies are not the SDKs').
+pub fn eval_python_path() -> PathBuf {
+    venv_python(
+        "CMPL_EVAL_PYTHON",
+        "eval-venv",
+        "lm-evaluation-harness's Python",
+        "lm_eval[api]",
+    )
 }

@@ -26,6 +26,9 @@ pub struct LogprobsPart {
     /// One map per position when `logprobs` > 0.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub top_logprobs: Option<Vec<TopLogprobs>>,
+    /// Each token's offset, in characters, in the text it belongs to (the
+    /// choice's, or the echoed prompt's), as OpenAI's completions give it.
+    pub text_offset: Vec<usize>,
 }
 
 /// One position's alternatives: a JSON object whose keys come best first,

@@ -87,11 +87,11 @@ const U32: i64 = u32::MAX as i64;
 pub const PROMPT: Field = Field {
     name: "prompt",
     group: Group::Contract,
-    kind: Kind::Shape("a string (on a server, a list of strings: one request each)"),
+    kind: Kind::Shape("a string, or token ids (a list of whole numbers); on a server and in a batch line, a list of either: one request each"),
     flag: None,
     chat: InChat::No,
     remote: ALL,
-    doc: "The text to complete (the command line's PROMPT, or stdin).",
+    doc: "The text to complete (the command line's PROMPT, or stdin), or the model's token ids, evaluated as given (no BOS added).",
 };
 pub const MODEL: Field = Field {
     name: "model",
@@ -105,11 +105,11 @@ pub const MODEL: Field = Field {
 pub const MAX_TOKENS: Field = Field {
     name: "max_tokens",
     group: Group::Contract,
-    kind: Kind::Integer { min: 1, max: U32 },
+    kind: Kind::Integer { min: 0, max: U32 },
     flag: Some("max-tokens"),
     chat: InChat::AsIs,
     remote: ALL,
-    doc: "Tokens to generate at most, each choice (default 128; the chat API's `max_completion_tokens` too).",
+    doc: "Tokens to generate at most, each choice (default 128; the chat API's `max_completion_tokens` too); 0 with `echo` scores the prompt alone.",
 };
 pub const STOP: Field = Field {
     name: "stop",

@@ -21,6 +21,27 @@ pub enum Format {
     Sse,
 }
 
+/// Where an answer shows its prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Echo {
+    No,
+    /// In the response's `prompt[]`, the contract's place.
+    Apart,
+    /// At the head of each choice's text and logprobs, as OpenAI's
+    /// completions put it (`--compat openai`).
+    InChoices,
+}
+
+impl Echo {
+    pub fn of(request: &Request) -> Echo {
+        match (request.echo, request.echo_in_choices) {
+            (false, _) => Echo::No,
+            (true, false) => Echo::Apart,
+            (true, true) => Echo::InChoices,
+        }
+    }
+}
+
 pub struct Printer<W: Write> {
     out: W,
     /// The job whose events this printer shows (a backend may run several).
@@ -28,7 +49,7 @@ pub struct Printer<W: Write> {
     format: Format,
     header: ResponseHeader,
     prompt: String,
-    echo: bool,
+    echo: Echo,
     n: u32,
     logprobs: Option<u32>,
     /// Flush after every token (a terminal, or `--stream`).
@@ -76,7 +97,7 @@ impl<W: Write> Printer<W> {
             format,
             header,
             prompt: request.prompt.clone(),
-            echo: request.echo,
+            echo: Echo::of(request),
             n: request.n,
             logprobs: request.logprobs,
             live: tty || request.stream,
@@ -150,7 +171,7 @@ impl<W: Write> Printer<W> {
                     self.prompt = rendered.to_string();
                 }
                 match self.format {
-                    Format::Text if self.n == 1 && self.echo => {
+                    Format::Text if self.n == 1 && self.echo != Echo::No => {
                         let prompt = self.prompt.clone();
                         self.write_styled(&prompt, Style::Dim)?;
                     }
@@ -345,7 +366,7 @@ impl<W: Write> Printer<W> {
             if let Some(reasoning) = c.reasoning.as_deref().filter(|r| !r.is_empty()) {
                 self.think(reasoning, "\n");
             }
-            if self.echo {
+            if self.echo != Echo::No {
                 let prompt = self.prompt.clone();
                 self.write_text(&prompt)?;
             }
@@ -412,26 +433,31 @@ impl<W: Write> Printer<W> {
     }
 }
 
-/// The `CompletionResponse` for one finished request.
+/// The `CompletionResponse` for one finished request. An echoed prompt
+/// goes in `prompt[]` (the contract's place) or, where the request asks
+/// OpenAI's shape (`echo_in_choices`), at the head of each choice's text
+/// and logprobs.
 pub fn response(
     header: &ResponseHeader,
     prompt: &str,
-    echo: bool,
+    echo: Echo,
     logprobs: Option<u32>,
     tools: Option<&Tools>,
     result: JobResult,
 ) -> CompletionResponse {
-    let part = |tokens: &[TokenInfo]| logprobs_part(tokens, logprobs);
+    let in_choices = echo == Echo::InChoices;
+    let prompt_tokens = logprobs.and(result.prompt.as_deref());
+    let part = |text: &str, tokens: &[TokenInfo]| logprobs_part(text, tokens, logprobs);
     CompletionResponse {
         id: header.id.clone(),
         object: "text.completion",
         created: header.created,
         model: header.model.clone(),
         usage: Usage::new(result.prompt_tokens, result.completion_tokens),
-        prompt: if echo {
+        prompt: if echo == Echo::Apart {
             vec![PromptPart {
                 text: prompt.to_string(),
-                logprobs: logprobs.and(result.prompt.as_deref().map(part)),
+                logprobs: prompt_tokens.map(|t| part(prompt, t)),
             }]
         } else {
             Vec::new()
@@ -441,8 +467,27 @@ pub fn response(
             .into_iter()
             .map(|c| {
                 let calls = tools.and_then(|t| calls_of(t, &c)).map(|(_, calls)| calls);
+                let (text, logprobs) = match (in_choices, c.tokens) {
+                    (false, tokens) => {
+                        let logprobs = tokens.as_deref().map(|t| part(&c.text, t));
+                        (c.text, logprobs)
+                    }
+                    (true, tokens) => {
+                        let text = format!("{prompt}{}", c.text);
+                        let all: Option<Vec<TokenInfo>> = tokens.map(|t| {
+                            prompt_tokens
+                                .unwrap_or_default()
+                                .iter()
+                                .cloned()
+                                .chain(t)
+                                .collect()
+                        });
+                        let logprobs = all.as_deref().map(|t| part(&text, t));
+                        (text, logprobs)
+                    }
+                };
                 Choice {
-                    logprobs: c.tokens.as_deref().map(part),
+                    logprobs,
                     index: c.index,
                     seed: c.seed,
                     finish_reason: match calls {
@@ -458,7 +503,7 @@ pub fn response(
                             call: tool_call(call),
                         })
                         .collect(),
-                    text: c.text,
+                    text,
                     reasoning_content: c.reasoning,
                 }
             })
@@ -466,8 +511,9 @@ pub fn response(
     }
 }
 
-/// Tokens with their logprobs, and the top `k` alternatives where `k` > 0.
-fn logprobs_part(tokens: &[TokenInfo], logprobs: Option<u32>) -> LogprobsPart {
+/// Tokens with their logprobs, the top `k` alternatives where `k` > 0,
+/// and where each begins in `text`.
+fn logprobs_part(text: &str, tokens: &[TokenInfo], logprobs: Option<u32>) -> LogprobsPart {
     LogprobsPart {
         tokens: tokens.iter().map(|t| t.text.clone()).collect(),
         token_ids: tokens.iter().map(|t| t.id).collect(),
@@ -478,7 +524,37 @@ fn logprobs_part(tokens: &[TokenInfo], logprobs: Option<u32>) -> LogprobsPart {
                 .map(|t| TopLogprobs::new(t.top.clone()))
                 .collect()
         }),
+        text_offset: text_offsets(text, tokens),
     }
+}
+
+/// Each token's offset in `text`, in characters (as OpenAI's `text_offset`
+/// and the Python that reads it count them): a token whose piece comes
+/// next in the text moves past it; a special token the text leaves out (a
+/// BOS added to the prompt, an end of generation) takes no room; any other
+/// (a piece of a character, a stop sequence's cut) its length, within the
+/// text.
+fn text_offsets(text: &str, tokens: &[TokenInfo]) -> Vec<usize> {
+    let mut rest = text;
+    let mut at = 0;
+    tokens
+        .iter()
+        .map(|t| {
+            let here = at;
+            let piece = t.text.as_str();
+            let taken = if rest.starts_with(piece) {
+                piece.len()
+            } else if t.special {
+                0
+            } else {
+                let n = piece.chars().count();
+                rest.char_indices().nth(n).map_or(rest.len(), |(i, _)| i)
+            };
+            at += rest[..taken].chars().count();
+            rest = &rest[taken..];
+            here
+        })
+        .collect()
 }
 
 /// The words before a finished choice's calls, and the calls (none where

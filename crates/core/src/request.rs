@@ -103,15 +103,19 @@ impl RawRequest {
         self.fields.get(key).filter(|v| !v.is_null())
     }
 
-    /// A `prompt` that lists several prompts, one request each (OpenAI's
-    /// meaning: the choices of prompt i come i-th), at most `limit`; `None`
-    /// for one prompt.
+    /// A `prompt` that lists several prompts (texts, or lists of token
+    /// ids), one request each (OpenAI's meaning: the choices of prompt i
+    /// come i-th), at most `limit`; `None` for one prompt (a list of ids is
+    /// one).
     pub fn prompts(&self, limit: usize) -> Result<Option<Vec<RawRequest>>> {
         let Some(Value::Array(items)) = self.get(PROMPT.name) else {
             return Ok(None);
         };
-        if items.len() <= 1 {
+        if items.len() <= 1 || items.iter().all(Value::is_number) {
             return Ok(None);
+        }
+        if !same_kind(items) {
+            return Err(mixed_prompts());
         }
         if items.len() > limit {
             return Err(CmplError::invalid(
@@ -157,7 +161,13 @@ pub struct Sampling {
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Request {
     pub model: Option<String>,
+    /// The prompt's text: as given, or (for a prompt of token ids) the text
+    /// the ids make, filled in by the engine that knows their vocabulary.
     pub prompt: String,
+    /// A prompt given as token ids: evaluated exactly as given (no BOS is
+    /// added), so that a harness's count of context tokens holds.
+    #[serde(default)]
+    pub prompt_ids: Option<Vec<i32>>,
     pub max_tokens: u32,
     pub stop: Vec<String>,
     pub sampling: Sampling,
@@ -185,6 +195,10 @@ pub struct Request {
     /// engine splits it off and bounds it (see `reasoning`).
     #[serde(default)]
     pub reasoning: Option<Reasoning>,
+    /// Echo as OpenAI's completions did (`--compat openai`): the prompt
+    /// inside each choice's `text` and `logprobs`, not in `prompt[]`.
+    #[serde(default)]
+    pub echo_in_choices: bool,
 }
 
 /// What `--chat` (or a chat request) decodes from: the turns, rendered with
@@ -211,8 +225,8 @@ pub struct Chat {
 impl Request {
     pub fn validate(raw: &RawRequest) -> Result<Request> {
         let messages = messages(raw)?;
-        let prompt = match raw.get(PROMPT.name) {
-            None if messages.is_some() => String::new(),
+        let (prompt, prompt_ids) = match raw.get(PROMPT.name) {
+            None if messages.is_some() => (String::new(), None),
             Some(_) if messages.is_some() => {
                 return Err(CmplError::invalid(
                     MESSAGES.name,
@@ -225,31 +239,19 @@ impl Request {
                     "no prompt: give PROMPT, pipe text or a JSON request on stdin, or use --prompt-file FILE",
                 ))
             }
-            Some(Value::Array(items)) => match items.as_slice() {
-                [one @ Value::String(_)] => string(one, PROMPT.name)?,
-                [] => String::new(),
-                [Value::String(_), ..] => {
-                    return Err(CmplError::invalid(
-                        PROMPT.name,
-                        format!("`prompt` lists {} prompts and one run answers one; give each its own line with --batch (the server takes a list)", items.len()),
-                    ))
-                }
-                _ => {
-                    return Err(CmplError::invalid(
-                        PROMPT.name,
-                        "`prompt` must be a string (or a list of strings); token ids are not taken",
-                    ))
-                }
-            },
-            Some(v) => string(v, PROMPT.name)?,
+            Some(v) => one_prompt(v)?,
         };
-        if prompt.is_empty() && messages.is_none() {
+        if prompt.is_empty() && messages.is_none() && prompt_ids.is_none() {
             return Err(CmplError::invalid(
                 PROMPT.name,
                 "`prompt` is empty; give the text to complete",
             ));
         }
+        if prompt_ids.is_some() {
+            ids_alone(raw)?;
+        }
         let stop = stop(raw)?;
+        let max_tokens = max_tokens(raw)?;
         let n = integer(raw, &N)?.map_or(1, |v| v as u32);
         compat(raw, n)?;
         let sampling = Sampling {
@@ -293,7 +295,8 @@ impl Request {
                 .map(|v| string(v, MODEL.name))
                 .transpose()?,
             prompt,
-            max_tokens: integer(raw, &MAX_TOKENS)?.map_or(DEFAULT_MAX_TOKENS, |v| v as u32),
+            prompt_ids,
+            max_tokens,
             stop,
             sampling,
             stream: boolean(raw, STREAM.name)?.unwrap_or(false),
@@ -309,8 +312,103 @@ impl Request {
                 .map(|v| string(v, SAFETY_MODEL.name))
                 .transpose()?,
             reasoning: None,
+            echo_in_choices: false,
         })
     }
+}
+
+/// The one prompt of a request: text, or token ids (a list of them, or a
+/// list holding one such list), each a whole number the engine checks
+/// against the model's vocabulary.
+fn one_prompt(v: &Value) -> Result<(String, Option<Vec<i32>>)> {
+    let Value::Array(items) = v else {
+        return Ok((string(v, PROMPT.name)?, None));
+    };
+    match items.as_slice() {
+        [] => Ok((String::new(), None)),
+        [one @ Value::String(_)] => Ok((string(one, PROMPT.name)?, None)),
+        [Value::Array(ids)] => Ok((String::new(), Some(token_ids(ids, "prompt[0]")?))),
+        [Value::Number(_), ..] => Ok((String::new(), Some(token_ids(items, PROMPT.name)?))),
+        [Value::String(_) | Value::Array(_), ..] if same_kind(items) => Err(CmplError::invalid(
+            PROMPT.name,
+            format!("`prompt` lists {} prompts and one run answers one; give each its own line with --batch (the server takes a list)", items.len()),
+        )),
+        _ => Err(mixed_prompts()),
+    }
+}
+
+/// Whether a list of prompts is all text or all id lists, as OpenAI's
+/// completions take them.
+fn same_kind(items: &[Value]) -> bool {
+    items.iter().all(Value::is_string) || items.iter().all(Value::is_array)
+}
+
+fn mixed_prompts() -> CmplError {
+    CmplError::invalid(
+        PROMPT.name,
+        "`prompt` must be a string, a list of strings, a list of token ids or a list of such lists, not a mix",
+    )
+}
+
+/// A prompt's token ids, each named by its index where it is not one.
+fn token_ids(items: &[Value], at: &str) -> Result<Vec<i32>> {
+    if items.is_empty() {
+        return Err(CmplError::invalid(
+            PROMPT.name,
+            format!("`{at}` is an empty list of token ids; give at least one"),
+        ));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            v.as_u64()
+                .and_then(|id| i32::try_from(id).ok())
+                .ok_or_else(|| {
+                    CmplError::invalid(
+                        PROMPT.name,
+                        format!("`{at}[{i}]` must be a token id (a whole number from 0), not {v}"),
+                    )
+                })
+        })
+        .collect()
+}
+
+/// A prompt of token ids is read against the model's vocabulary as it
+/// stands: no chat renders it and no guard reads it as text.
+fn ids_alone(raw: &RawRequest) -> Result<()> {
+    for (field, given) in [
+        (CHAT.name, boolean(raw, CHAT.name)? == Some(true)),
+        (SYSTEM.name, raw.get(SYSTEM.name).is_some()),
+        (SAFETY_MODEL.name, raw.get(SAFETY_MODEL.name).is_some()),
+    ] {
+        if given {
+            return Err(CmplError::invalid(
+                field,
+                format!("`{field}` reads the prompt as text, and this prompt is token ids: send the text instead"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `max_tokens`: 0 generates nothing, which scores the prompt alone with
+/// `echo` (as OpenAI's completions answered it) and is otherwise a mistake.
+fn max_tokens(raw: &RawRequest) -> Result<u32> {
+    let max = integer(raw, &MAX_TOKENS)?.map_or(DEFAULT_MAX_TOKENS, |v| v as u32);
+    if max == 0 {
+        let fix = if boolean(raw, ECHO.name)? != Some(true) {
+            "`max_tokens`: 0 generates nothing; give 1 or more, or `echo`: true (with `logprobs`) to score the prompt alone"
+        } else if boolean(raw, STREAM.name)? == Some(true) {
+            "`max_tokens`: 0 scores the prompt and generates nothing to stream; leave out `stream`"
+        } else {
+            ""
+        };
+        if !fix.is_empty() {
+            return Err(CmplError::invalid(MAX_TOKENS.name, fix));
+        }
+    }
+    Ok(max)
 }
 
 /// The conversation, where the request is a chat: `messages` as given (a
@@ -941,6 +1039,28 @@ mod tests {
     }
 
     #[test]
+    fn token_ids_are_one_prompt_and_lists_of_them_several() {
+        let ids = |v: Value| validate(v).unwrap().prompt_ids;
+        assert_eq!(ids(json!({"prompt": [2, 818]})), Some(vec![2, 818]));
+        assert_eq!(ids(json!({"prompt": [[2, 818]]})), Some(vec![2, 818]));
+        assert_eq!(ids(json!({"prompt": "2 818"})), None);
+        let raw = |v: Value| RawRequest::from_value(v, "x").unwrap();
+        assert!(raw(json!({"prompt": [2, 818, 5]}))
+            .prompts(8)
+            .unwrap()
+            .is_none());
+        let several = raw(json!({"prompt": [[2, 818], [2, 5]]}))
+            .prompts(8)
+            .unwrap()
+            .unwrap();
+        assert_eq!(several[1].get("prompt"), Some(&json!([2, 5])));
+        assert!(raw(json!({"prompt": [[2], "a"]})).prompts(8).is_err());
+        // Scoring a prompt alone.
+        let r = validate(json!({"prompt": "a", "max_tokens": 0, "echo": true})).unwrap();
+        assert_eq!(r.max_tokens, 0);
+    }
+
+    #[test]
     fn overlay_takes_the_upper_value() {
         let base = RawRequest::from_value(json!({"prompt": "a", "n": 2}), "x").unwrap();
         let top = RawRequest::from_value(json!({"n": 3}), "y").unwrap();
@@ -1030,7 +1150,15 @@ mod tests {
                 "stream_options",
             ),
             (json!({"prompt": ["a", "b"]}), "prompt"),
-            (json!({"prompt": [1, 2]}), "prompt"),
+            (json!({"prompt": [1, "b"]}), "prompt"),
+            (json!({"prompt": [[1], 2]}), "prompt"),
+            (json!({"prompt": [[]]}), "prompt"),
+            (json!({"prompt": [1], "chat": true}), "chat"),
+            (json!({"prompt": "a", "max_tokens": 0}), "max_tokens"),
+            (
+                json!({"prompt": "a", "max_tokens": 0, "echo": true, "stream": true}),
+                "max_tokens",
+            ),
             (json!({"prompt": []}), "prompt"),
             (json!({"prompt": ""}), "prompt"),
             (json!({"prompt": 3}), "prompt"),

@@ -116,7 +116,7 @@ impl Engine {
         token_logprob: bool,
     ) -> Result<Job> {
         self.model_ref.check(request.model.as_deref())?;
-        let request = self.render_chat(request)?;
+        let mut request = self.render_chat(request)?;
         let n_vocab = self.model.n_vocab() as i64;
         if let Some(&(id, _)) = request
             .sampling
@@ -142,25 +142,14 @@ impl Engine {
                 " or raise --ctx-size",
             ),
         };
-        // Tokenizing a huge prompt takes minutes; its byte length alone can
-        // prove it too long (no token is longer than the longest vocab piece).
-        let bytes = request.prompt.len();
-        if bytes > limit as usize {
-            let at_least = bytes / self.longest_piece();
-            if at_least >= limit as usize {
-                return Err(CmplError::context(format!(
-                    "the prompt is {bytes} bytes, at least {at_least} tokens, and {holder} holds {limit}; shorten the prompt"
-                ))
-                .with_param(fields::PROMPT.name));
-            }
-        }
-        let tokens = self.tokenize(&request.prompt);
-        if tokens.is_empty() {
-            // Nothing to condition on: a draw would read stale or no logits.
-            return Err(CmplError::invalid(
-                fields::PROMPT.name,
-                "the prompt tokenizes to no tokens with this model (which adds no BOS); give some text to complete",
-            ));
+        let tokens = match request.prompt_ids.as_deref() {
+            Some(ids) => self.given_tokens(ids, limit, holder)?,
+            None => self.prompt_tokens(&request.prompt, limit, holder)?,
+        };
+        if let Some(ids) = request.prompt_ids.as_deref() {
+            // What echo shows: the text the ids make.
+            let ids: Vec<i64> = ids.iter().map(|&id| i64::from(id)).collect();
+            request.prompt = self.text_of(&ids, fields::PROMPT.name)?;
         }
         let n_prompt = tokens.len() as u32;
         // Each choice's positions end at the model's window (or its slot's
@@ -171,7 +160,8 @@ impl Engine {
                 .min(c.saturating_sub(n_prompt) / request.n),
             Cells::Any | Cells::Slot(_) => limit.saturating_sub(n_prompt),
         };
-        if room == 0 {
+        // Scoring a prompt alone (`max_tokens` 0) needs no room after it.
+        if room == 0 && request.max_tokens > 0 {
             let pooled = matches!(cells, Cells::Pool(_)) && request.n > 1;
             return Err(CmplError::context(format!(
                 "the prompt is {n_prompt} tokens and {holder} holds {limit}, which leaves no room to generate{}; shorten the prompt{fix}",
@@ -196,6 +186,58 @@ impl Engine {
             request,
             token_logprob,
         })
+    }
+}
+
+impl Engine {
+    /// A text prompt's tokens (special tokens parsed, the model's BOS
+    /// added), refused where they cannot fit `limit`.
+    fn prompt_tokens(&self, prompt: &str, limit: u32, holder: &str) -> Result<Vec<LlamaToken>> {
+        // Tokenizing a huge prompt takes minutes; its byte length alone can
+        // prove it too long (no token is longer than the longest vocab piece).
+        let bytes = prompt.len();
+        if bytes > limit as usize {
+            let at_least = bytes / self.longest_piece();
+            if at_least >= limit as usize {
+                return Err(CmplError::context(format!(
+                    "the prompt is {bytes} bytes, at least {at_least} tokens, and {holder} holds {limit}; shorten the prompt"
+                ))
+                .with_param(fields::PROMPT.name));
+            }
+        }
+        let tokens = self.tokenize(prompt);
+        if tokens.is_empty() {
+            // Nothing to condition on: a draw would read stale or no logits.
+            return Err(CmplError::invalid(
+                fields::PROMPT.name,
+                "the prompt tokenizes to no tokens with this model (which adds no BOS); give some text to complete",
+            ));
+        }
+        Ok(tokens)
+    }
+
+    /// A prompt of token ids, exactly as given: each in the vocabulary
+    /// (refused by its index), all within `limit`.
+    fn given_tokens(&self, ids: &[i32], limit: u32, holder: &str) -> Result<Vec<LlamaToken>> {
+        if ids.len() > limit as usize {
+            return Err(CmplError::context(format!(
+                "the prompt is {} token ids and {holder} holds {limit}; shorten the prompt",
+                ids.len()
+            ))
+            .with_param(fields::PROMPT.name));
+        }
+        let n_vocab = self.model.n_vocab();
+        if let Some(i) = ids.iter().position(|&id| id >= n_vocab) {
+            return Err(CmplError::invalid(
+                fields::PROMPT.name,
+                format!(
+                    "`prompt[{i}]` is token {}, and this model's vocabulary has ids 0 to {}",
+                    ids[i],
+                    n_vocab - 1
+                ),
+            ));
+        }
+        Ok(ids.iter().map(|&id| LlamaToken(id)).collect())
     }
 }
 

@@ -4,6 +4,7 @@
 //! A single request is the one-job case.
 
 mod prompt;
+mod scored;
 mod step;
 
 pub(super) use prompt::MIN_REUSE;
@@ -120,6 +121,7 @@ impl Engine {
             states: HashMap::new(),
             running: Vec::new(),
             prefilling: Vec::new(),
+            scored: Default::default(),
             // Deterministic mode reuses whole prompt chunks only (see
             // `Run::whole`).
             prefix: self.prefix_cache.then(|| {
@@ -253,6 +255,8 @@ struct Run<'e> {
     /// sequence keeps its cells (in the pool, they count against
     /// `free_cells`) until its slot or its cells are needed.
     prefix: Option<PrefixIndex>,
+    /// The last few scored prompts' token infos (see `scored`).
+    scored: scored::ScoredPrompts,
     /// Deterministic mode: each prompt decoded alone, in chunks from its
     /// first token, and no choice alone in its pass (see [`Run::step`]), so
     /// each sequence is computed exactly as it would be alone: llama.cpp

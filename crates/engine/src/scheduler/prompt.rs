@@ -104,12 +104,28 @@ impl Run<'_> {
             }
             let echo = job.request.echo;
             let scored = scored(&job);
-            let (seqs, reused) = self.place(&job, !scored, &mut ready, ctx, batch, sink)?;
-            let prompt_infos: Vec<TokenInfo> = if echo {
+            let top_n = job.request.logprobs.unwrap_or(0) as usize;
+            let ids: Vec<i32> = job.tokens.iter().map(|t| t.0).collect();
+            // A scored prompt reuses cells only as far as a scored prompt
+            // before it gives their tokens' infos, less one: the logits
+            // that score the first new token are computed again.
+            let shared: Vec<TokenInfo> = match (scored, self.exact) {
+                (true, false) => self.scored.shared(&ids, top_n).to_vec(),
+                _ => Vec::new(),
+            };
+            let reuse = match scored {
+                false => Some(ids.len() - 1),
+                true => shared.len().checked_sub(1).filter(|&n| n > 0),
+            };
+            let (seqs, reused) = self.place(&job, reuse, &mut ready, ctx, batch, sink)?;
+            let mut prompt_infos: Vec<TokenInfo> = if echo {
                 job.tokens.iter().map(|&t| self.token_info(t)).collect()
             } else {
                 Vec::new()
             };
+            if scored && reused > 0 {
+                prompt_infos[..=reused].clone_from_slice(&shared[..=reused]);
+            }
             let mut prompted = Prompted {
                 index,
                 job,
@@ -121,6 +137,9 @@ impl Run<'_> {
                 // Every position's logits are kept: alone, in small chunks.
                 self.flush(&mut ready, ctx, batch, sink)?;
                 let last = self.score_prompt(&mut prompted, ctx, batch, interrupted)?;
+                if !self.exact {
+                    self.scored.keep(&ids, &prompted.prompt, top_n);
+                }
                 self.start(prompted, last, ctx, sink)?;
                 batch.clear();
                 continue;
@@ -233,14 +252,14 @@ impl Run<'_> {
         Ok(ready)
     }
 
-    /// Takes sequences for `job` and, with the prefix cache (and `reuse`),
-    /// starts them from the longest prefix of its prompt that some
-    /// sequence's cells hold; returns them and how many prompt tokens they
+    /// Takes sequences for `job` and, with the prefix cache (and `reuse`,
+    /// the most prompt tokens it may start with), starts them from the
+    /// longest prefix of its prompt that some sequence's cells hold; returns them and how many prompt tokens they
     /// start with. Charges the job's cells to the pool.
     fn place(
         &mut self,
         job: &Job,
-        reuse: bool,
+        reuse: Option<usize>,
         ready: &mut Vec<(Prompted, i32)>,
         ctx: &mut LlamaContext,
         batch: &mut LlamaBatch,
@@ -248,9 +267,9 @@ impl Run<'_> {
     ) -> Result<(Vec<i32>, usize)> {
         let prompt: Vec<i32> = job.tokens.iter().map(|t| t.0).collect();
         // The last prompt token is always evaluated: its logits start the answer.
-        let source = match &self.prefix {
-            Some(prefix) if reuse => prefix
-                .best(&prompt, prompt.len() - 1)
+        let source = match (&self.prefix, reuse) {
+            (Some(prefix), Some(max)) => prefix
+                .best(&prompt, max.min(prompt.len() - 1))
                 .filter(|s| s.len >= MIN_REUSE),
             _ => None,
         };
@@ -469,12 +488,17 @@ impl Run<'_> {
         interrupted: &AtomicBool,
     ) -> Result<i32> {
         let top_n = p.job.request.logprobs.unwrap_or(0) as usize;
-        for (c, tokens) in p.job.tokens.chunks(PROMPT_CHUNK_ALL_LOGITS).enumerate() {
+        // Positions before `reused` are in the cells, their infos given.
+        let from = p.reused;
+        for (c, tokens) in p.job.tokens[from..]
+            .chunks(PROMPT_CHUNK_ALL_LOGITS)
+            .enumerate()
+        {
             if interrupted.load(Ordering::Relaxed) {
                 return Err(CmplError::interrupted());
             }
             batch.clear();
-            let start = c * PROMPT_CHUNK_ALL_LOGITS;
+            let start = from + c * PROMPT_CHUNK_ALL_LOGITS;
             for (j, &token) in tokens.iter().enumerate() {
                 batch
                     .add(token, (start + j) as i32, self.prompt_seqs(&p.seqs), true)
@@ -585,10 +609,9 @@ impl Run<'_> {
                 .iter()
                 .map(|&s| Some(u64::from(s)))
                 .collect::<Vec<_>>(),
-            rendered: job
-                .request
-                .chat
-                .is_some()
+            // The prompt's text where the engine made it: a chat's as its
+            // template rendered it, token ids' as they read.
+            rendered: (job.request.chat.is_some() || job.request.prompt_ids.is_some())
                 .then_some(job.request.prompt.as_str()),
         });
         self.states.insert(

@@ -2,7 +2,7 @@
 //! draft, with prompt lookup) decoded in one call, then each one's next
 //! tokens drawn, reported, and checked against the draft.
 
-use super::{cancelled, ChoiceState, Layout, Run};
+use super::{cancelled, ChoiceState, JobState, Layout, Run};
 use crate::logprobs::{log_sum_exp, top_k};
 use crate::lookup;
 use cmpl_core::backend::{ChoiceResult, Counts, Event, Finish, JobResult, Sink, TokenInfo};
@@ -10,6 +10,7 @@ use cmpl_core::error::{CmplError, Result};
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
+use std::collections::HashMap;
 
 impl Run<'_> {
     /// Decodes every running choice's pending token in one batch, each
@@ -268,14 +269,15 @@ impl Run<'_> {
         idx: i32,
         sink: &mut Sink,
     ) -> Result<Option<ChoiceState>> {
-        let state = self
-            .states
-            .get_mut(&c.job)
-            .ok_or_else(|| CmplError::internal("choice without a job"))?;
+        let state = job_of(&mut self.states, c.job)?;
         let request = &state.job.request;
         let logprobs = request.logprobs;
         let want_logprob = logprobs.is_some() || state.job.token_logprob;
         let budget = state.job.budget;
+        if budget == 0 {
+            // The prompt scored alone (`max_tokens` 0): nothing is drawn.
+            return self.finished(c, Finish::Length, ctx, sink);
+        }
         // A chat's end-of-generation token is its turn's end: a stop.
         let end = if request.chat.is_some() {
             Finish::Stop
@@ -349,10 +351,7 @@ impl Run<'_> {
         };
         c.text.push_str(&text);
         c.reasoning.push_str(&reasoning);
-        let state = self
-            .states
-            .get_mut(&c.job)
-            .ok_or_else(|| CmplError::internal("choice without a job"))?;
+        let state = job_of(&mut self.states, c.job)?;
         state.completion_tokens += 1;
         let told = sink(Event::Token {
             job: c.job,
@@ -383,6 +382,20 @@ impl Run<'_> {
             }
             return Ok(Some(c));
         };
+        self.finished(c, reason, ctx, sink)
+    }
+
+    /// Records a finished choice, and its job's result once it was the
+    /// last to run.
+    fn finished(
+        &mut self,
+        mut c: ChoiceState,
+        reason: Finish,
+        ctx: &mut LlamaContext,
+        sink: &mut Sink,
+    ) -> Result<Option<ChoiceState>> {
+        let state = job_of(&mut self.states, c.job)?;
+        let logprobs = state.job.request.logprobs;
         // Finished: its sequence is freed once the job's cells are back in
         // the pool (so that its own can stay, with the prefix cache).
         if let (Some(d), true) = (&c.drafter, self.exact) {
@@ -445,6 +458,13 @@ impl Run<'_> {
             .token_to_piece(LlamaToken(id), true, None);
         String::from_utf8_lossy(&bytes).into_owned()
     }
+}
+
+/// The state of a running choice's job.
+fn job_of(states: &mut HashMap<usize, JobState>, job: usize) -> Result<&mut JobState> {
+    states
+        .get_mut(&job)
+        .ok_or_else(|| CmplError::internal("choice without a job"))
 }
 
 /// Sets `info`'s logprob (and its top `k` alternatives) from raw logits.
