@@ -1,6 +1,6 @@
 //! `--batch`: JSON Lines in, JSON Lines out, in order, decoded together.
 
-mod common;
+use crate::common;
 use common::run::cmpl;
 use common::schema::assert_valid;
 use serde_json::{json, Value};

@@ -2,7 +2,7 @@
 //! at any point, byte for byte, and OpenAI batch files (the format of the
 //! OpenAI Batch API and `vllm run-batch`) in and out.
 
-mod common;
+use crate::common;
 use common::run::{cmpl, second_model_path, wait_until};
 use common::schema::assert_valid;
 use serde_json::{json, Value};

@@ -4,7 +4,9 @@ sandbox with trim_blocks and lstrip_blocks, loop controls, raise_exception,
 strftime_now, its own tojson), with the template and the BOS and EOS texts
 read from the GGUF file itself (or the template from a file).
 argv: MODEL.gguf TEMPLATE_FILE|- MESSAGES_JSON [TOOLS_JSON]. Prints the text,
-nothing else."""
+nothing else. With @LIST for the template (a file holding a JSON list of
+template files), renders each (the model read once) and prints a JSON list
+of {"text": ...} or {"error": ...}, in order."""
 import json, struct, sys
 from datetime import datetime
 
@@ -53,12 +55,6 @@ def token(key):
     i = meta.get(key)
     return tokens[i] if i is not None and 0 <= i < len(tokens) else ""
 
-if template_file == "-":
-    source = meta["tokenizer.chat_template"]
-else:
-    with open(template_file, encoding="utf-8") as f:
-        source = f.read()
-
 
 def raise_exception(message):
     raise jinja2.exceptions.TemplateError(message)
@@ -68,15 +64,33 @@ def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
-env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-env.filters["tojson"] = tojson
-env.globals["raise_exception"] = raise_exception
-env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-text = env.from_string(source).render(
-    messages=messages,
-    add_generation_prompt=True,
-    bos_token=token("tokenizer.ggml.bos_token_id"),
-    eos_token=token("tokenizer.ggml.eos_token_id"),
-    **extra,
-)
-sys.stdout.write(text)
+def render(source):
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(source).render(
+        messages=messages,
+        add_generation_prompt=True,
+        bos_token=token("tokenizer.ggml.bos_token_id"),
+        eos_token=token("tokenizer.ggml.eos_token_id"),
+        **extra,
+    )
+
+
+def read(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+if template_file.startswith("@"):
+    out = []
+    for path in json.loads(read(template_file[1:])):
+        try:
+            out.append({"text": render(read(path))})
+        except Exception as e:  # noqa: BLE001 - jinja2's failure, reported per template
+            out.append({"error": f"{type(e).__name__}: {e}"})
+    sys.stdout.write(json.dumps(out))
+else:
+    source = meta["tokenizer.chat_template"] if template_file == "-" else read(template_file)
+    sys.stdout.write(render(source))

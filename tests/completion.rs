@@ -1,6 +1,6 @@
 //! A completion request end to end: real binary, real model, real output.
 
-mod common;
+use crate::common;
 use common::run::{cmpl, cmpl_on_a_terminal};
 use common::schema::{assert_valid, follows_single_run, near_recorded, top_logprobs_in_order};
 use serde_json::Value;

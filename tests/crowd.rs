@@ -4,7 +4,7 @@
 //! (the memory waiting requests hold, the time one may wait) a 503 with
 //! Retry-After, with nothing it accepted lost.
 
-mod common;
+use crate::common;
 use common::served::Served;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};

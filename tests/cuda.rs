@@ -4,7 +4,7 @@
 //! always. Run wherever that build is present; skipped, with the reason
 //! printed, where it is not (CI does not build CUDA: docs/gpu.md).
 
-mod common;
+use crate::common;
 use common::run::{cmpl, model_path};
 use std::path::PathBuf;
 use std::process::Command;

@@ -3,7 +3,7 @@
 //! `--parallel`, and on a server under load. The same comparison in the
 //! default mode finds differences, so these checks can fail.
 
-mod common;
+use crate::common;
 use common::run::cmpl;
 use common::served::Served;
 use serde_json::{json, Value};

@@ -2,7 +2,7 @@
 //! two real llama-servers and a `cmpl --serve` on loopback, one killed in
 //! the middle of the run; every line is answered once, in order.
 
-mod common;
+use crate::common;
 use common::run::{cmpl, wait_until};
 use common::schema::assert_valid;
 use common::served::Served;

@@ -1,7 +1,7 @@
 //! Bad input: the right exit status, a message naming the field and the fix,
 //! `ErrorData` on stdout in JSON mode, and never a panic or a signal death.
 
-mod common;
+use crate::common;
 use common::run::cmpl;
 use common::schema::assert_valid;
 

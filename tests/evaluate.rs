@@ -4,7 +4,7 @@
 //! scoring tiny local tasks through `cmpl --serve` with the same numbers
 //! the command line's logprobs give.
 
-mod common;
+use crate::common;
 use common::run::{cmpl, isolate, second_model_path};
 use common::served::Served;
 use serde_json::{json, Value};
@@ -173,6 +173,45 @@ fn a_server_takes_lists_of_ids_and_answers_in_openai_shape_when_asked() {
     let (status, text) = server.post(&json!({"prompt": [[2, 5], [2, 300_000]]}).to_string());
     assert_eq!(status, 400, "{text}");
     assert!(text.contains("`prompt[1]` is token 300000"), "{text}");
+    // Nothing to generate and nothing to score: a 400 that says so.
+    let (status, text) = server.post(&json!({"prompt": "Hi", "max_tokens": 0}).to_string());
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("`max_tokens`: 0 generates nothing"), "{text}");
+}
+
+#[test]
+fn the_config_file_and_batch_lines_take_openais_shape_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.json");
+    std::fs::write(&config, r#"{"compat": "openai"}"#).unwrap();
+    let line = json!({"prompt": FRANCE, "echo": true, "max_tokens": 0, "logprobs": 0});
+    let by_config = cmpl(&["--json"])
+        .env("CMPL_CONFIG", &config)
+        .stdin(line.to_string())
+        .run()
+        .json();
+    assert_eq!(by_config["choices"][0]["text"], FRANCE);
+    assert_eq!(by_config["prompt"], json!([]));
+    // A batch line answers as the one-shot does, ids and all.
+    let lines = format!(
+        "{line}\n{}\n",
+        json!({"prompt": ids_of(FRANCE), "echo": true, "max_tokens": 0})
+    );
+    let out = cmpl(&["--batch", "--compat", "openai"]).stdin(lines).run();
+    let answers: Vec<Value> = out
+        .ok()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(answers[0]["choices"][0]["text"], FRANCE);
+    assert_eq!(answers[1]["choices"][0]["text"], format!("<bos>{FRANCE}"));
+    assert_eq!(answers[1]["choices"][0]["finish_reason"], "length");
+    // A config value that is not a shape is refused by name.
+    std::fs::write(&config, r#"{"compat": "vllm"}"#).unwrap();
+    cmpl(&["--json", FRANCE])
+        .env("CMPL_CONFIG", &config)
+        .run()
+        .fails(2, "compat");
 }
 
 /// tests/eval_check.py in `mode` against `server` on `model`.

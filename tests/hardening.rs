@@ -1,7 +1,7 @@
 //! Untrusted model files, huge inputs, signals and closed pipes: a clear
 //! error or a clean stop, never a crash, a hang or half an output.
 
-mod common;
+use crate::common;
 use common::run::{cmpl, interrupt, model_path};
 use common::schema::assert_valid;
 use common::schema::whole_events;

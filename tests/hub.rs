@@ -3,7 +3,7 @@
 //! path, the cache layout huggingface_hub shares, offline use, resuming,
 //! checking, quant choice, split models, and the errors a user meets.
 
-mod common;
+use crate::common;
 
 use common::hub::{sha256_of, Fault, HubFile, HubRepo, StandInHub};
 use common::run::{cmpl, model_path, Cmpl};

@@ -3,7 +3,7 @@
 //! the rounding of a different batch shape (the near-tie rule of the batch
 //! tests), and drafts are really taken on a prompt the answer copies from.
 
-mod common;
+use crate::common;
 use common::run::cmpl;
 use common::schema::{assert_valid, follows_single_run};
 use common::served::Served;

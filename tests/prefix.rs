@@ -4,7 +4,7 @@
 //! different batch shape (the near-tie rule of the batch tests); usage and
 //! echo count every prompt token; the log says how many were reused.
 
-mod common;
+use crate::common;
 use common::run::cmpl;
 use common::schema::{assert_valid, follows_single_run};
 use common::served::Served;

@@ -8,7 +8,7 @@
 //! so an example can never quietly break. The set-up scripts the README
 //! shows are run by `.ci/run`, which this test checks.
 
-mod common;
+use crate::common;
 use common::hub::{Fault, HubFile, HubRepo, StandInHub};
 use common::run::{isolate, model_path, second_model_path};
 use common::served::Served;

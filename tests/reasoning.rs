@@ -4,7 +4,7 @@
 //! model never closes a reasoning by itself, so a budget forces the close
 //! and the split is exact, greedy.
 
-mod common;
+use crate::common;
 use common::run::{cmpl, real_template, tool_model_path};
 use common::served::Served;
 use serde_json::{json, Value};

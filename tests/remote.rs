@@ -1,7 +1,7 @@
 //! `--base-url`: the same flags and the same output, answered by a real
 //! llama-server on 127.0.0.1 serving the test model.
 
-mod common;
+use crate::common;
 use common::run::cmpl;
 use common::schema::assert_valid;
 use common::server::LlamaServer;

@@ -3,7 +3,7 @@
 //! shows (tests/data/remote/, see its README); and the protocol's edges:
 //! retries, keys, model choice.
 
-mod common;
+use crate::common;
 use common::run::cmpl;
 use common::schema::assert_valid;
 use common::standin::{data, Reply, StandIn};

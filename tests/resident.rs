@@ -4,7 +4,7 @@
 //! this user's alone, and it leaves when idle, on SIGTERM and when its
 //! model file changes. Each test has a runtime folder of its own.
 
-mod common;
+use crate::common;
 use common::run::{cmpl, model_path, second_model_path, wait_until, Cmpl, Output};
 use serde_json::Value;
 use std::io::{Read, Write};

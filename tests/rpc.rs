@@ -3,7 +3,7 @@
 //! same requests run on this machine alone. A server that is not there, or
 //! that goes away mid-run, is an error that names it.
 
-mod common;
+use crate::common;
 use common::run::{cmpl, wait_until};
 use common::served::Served;
 use serde_json::{json, Value};

@@ -3,7 +3,7 @@
 //! standin-guard.jinja), which flags a prompt with "forbidden" (S1, S10)
 //! and an answer with "Paris" (S3). No real guard model can be fetched here.
 
-mod common;
+use crate::common;
 use common::run::{cmpl, second_model_path};
 use common::schema::assert_valid;
 use common::served::Served;

@@ -3,7 +3,7 @@
 //! one top_logprobs map per position) and rejects violations, so a test that
 //! relies on it means something.
 
-mod common;
+use crate::common;
 
 use common::schema::{assert_valid, violations};
 use serde_json::{json, Value};

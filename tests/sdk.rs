@@ -1,6 +1,6 @@
 //! The official Python SDK (`together`) parses what cmpl prints.
 
-mod common;
+use crate::common;
 use common::run::cmpl;
 use common::sdk::assert_sdk_parses;
 

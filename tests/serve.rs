@@ -1,7 +1,7 @@
 //! `cmpl --serve`: the API on 127.0.0.1, answered by the test model, read by
 //! real clients (the official SDKs, cmpl --base-url, plain HTTP).
 
-mod common;
+use crate::common;
 use common::run::cmpl;
 use common::schema::assert_valid;
 use common::sdk::python_script;

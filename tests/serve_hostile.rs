@@ -2,7 +2,7 @@
 //! cannot run: each case here once stalled other clients or left a server
 //! that looked alive and could not answer.
 
-mod common;
+use crate::common;
 use common::run::cmpl;
 use common::served::Served;
 use serde_json::{json, Value};

@@ -1,7 +1,7 @@
 //! Shell integration: generated files, the config file, models by name,
 //! colour rules.
 
-mod common;
+use crate::common;
 use cmpl::generate::Kind;
 use common::run::{cmpl, cmpl_on_a_terminal, model_path};
 use std::path::{Path, PathBuf};

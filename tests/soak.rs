@@ -5,7 +5,7 @@
 //! after the last round is what it was after the first, and nothing is left
 //! in its slots.
 
-mod common;
+use crate::common;
 use common::run::second_model_path;
 use common::served::Served;
 use serde_json::{json, Value};

@@ -3,7 +3,7 @@
 //! (tests/data/hostile/), each refused by name with the right status, none
 //! of them growing the process that asked or stalling another client.
 
-mod common;
+use crate::common;
 use common::run::{cmpl, second_model_path};
 use common::served::Served;
 use serde_json::{json, Value};

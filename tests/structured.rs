@@ -3,7 +3,7 @@
 //! ends with `stop` must parse and validate; most must end so; a choice
 //! follows the model's own probabilities over its options.
 
-mod common;
+use crate::common;
 use common::run::cmpl;
 use common::schema::{assert_valid, follows_single_run};
 use common::served::Served;

@@ -3,7 +3,7 @@
 //! and llama-server's where a body asks in them), round trips equal to the
 //! CLI's tokenization and to what a completion counts as its prompt.
 
-mod common;
+use crate::common;
 use common::run::{cmpl, second_model_path};
 use common::served::Served;
 use serde_json::{json, Value};

@@ -2,7 +2,7 @@
 //! its own template): the SDKs' tools through the chat endpoint, a call on
 //! the command line in text and JSON, and bad tools refused by field.
 
-mod common;
+use crate::common;
 use common::run::{cmpl, second_model_path, tool_model_path};
 use common::served::Served;
 use serde_json::{json, Value};

@@ -2,7 +2,7 @@
 //! clock sizes a draft in the default mode, so a greedy or seeded answer
 //! (one-shot, batch line, server) under every core's load is the idle one's.
 
-mod common;
+use crate::common;
 use common::run::cmpl;
 use common::served::Served;
 use serde_json::{json, Value};

@@ -1,4 +1,4 @@
-// Each integration test compiles this module on its own and uses only some of its helpers.
+// The suite's helpers; tests/gpu.rs, a binary of its own, uses only some of them.
 #![allow(dead_code)]
 
 pub mod guard;

@@ -87,7 +87,7 @@ const U32: i64 = u32::MAX as i64;
 pub const PROMPT: Field = Field {
     name: "prompt",
     group: Group::Contract,
-    kind: Kind::Shape("a string, or token ids (a list of whole numbers); on a server and in a batch line, a list of either: one request each"),
+    kind: Kind::Shape("a string, or token ids (a list of whole numbers); on a server, a list of either: one request each"),
     flag: None,
     chat: InChat::No,
     remote: ALL,
