@@ -1,6 +1,6 @@
 //! Every request field, named once: its name, what it takes, its flag, and
 //! how the chat endpoint and each remote dialect take it. The request's
-//! checks (`request`, `constraint`), the command line (`src/cli.rs`), the
+//! checks (`request`, `constraint`), the command line (`src/cli/`), the
 //! chat endpoint's body (`chat_body`), the remote dialects
 //! (`src/remote/dialect.rs`) and docs/fields.md (written from [`TABLE`],
 //! checked by tests/shell.rs) read it; tests/architecture.rs fails on a

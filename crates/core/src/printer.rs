@@ -629,3 +629,105 @@ fn finish_word(finish: Finish) -> &'static str {
         Finish::Length => "length",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Drafts;
+
+    fn token(id: i32, text: &str, logprob: Option<f32>, special: bool) -> TokenInfo {
+        TokenInfo {
+            id,
+            text: text.to_string(),
+            logprob,
+            top: Vec::new(),
+            special,
+        }
+    }
+
+    /// "<bos>Hi there" as a text prompt reads it, then " you" generated.
+    fn result() -> JobResult {
+        JobResult {
+            prompt_tokens: 3,
+            completion_tokens: 1,
+            prompt: Some(vec![
+                token(2, "<bos>", None, true),
+                token(10, "Hi", Some(-1.0), false),
+                token(11, " there", Some(-2.0), false),
+            ]),
+            choices: vec![ChoiceResult {
+                index: 0,
+                seed: Some(7),
+                text: " you".to_string(),
+                finish: Finish::Length,
+                tokens: Some(vec![token(12, " you", Some(-0.5), false)]),
+                reasoning: None,
+            }],
+            drafts: Drafts::default(),
+            reused: 0,
+        }
+    }
+
+    fn header() -> ResponseHeader {
+        ResponseHeader {
+            id: "cmpl-1".into(),
+            created: 0,
+            model: "m".into(),
+        }
+    }
+
+    #[test]
+    fn offsets_count_characters_and_skip_what_the_text_leaves_out() {
+        let tokens = [
+            token(2, "<bos>", None, true),
+            token(10, "Zoë", None, false),
+            token(11, " is", None, false),
+            token(1, "<eos>", None, true),
+        ];
+        assert_eq!(text_offsets("Zoë is", &tokens), [0, 0, 3, 6]);
+        // A BOS the text holds (a prompt of ids) takes its room.
+        assert_eq!(text_offsets("<bos>Zoë is", &tokens[..3]), [0, 5, 8]);
+        // A piece the text holds otherwise (cut by a stop) stays within it.
+        assert_eq!(text_offsets("Zoë i", &tokens[1..3]), [0, 3]);
+    }
+
+    #[test]
+    fn an_echo_goes_apart_or_into_each_choice() {
+        let apart = response(&header(), "Hi there", Echo::Apart, Some(0), None, result());
+        assert_eq!(apart.prompt[0].text, "Hi there");
+        let part = apart.prompt[0].logprobs.as_ref().unwrap();
+        assert_eq!(part.text_offset, [0, 0, 2]);
+        assert_eq!(part.token_logprobs, [None, Some(-1.0), Some(-2.0)]);
+        assert_eq!(apart.choices[0].text, " you");
+        assert_eq!(apart.choices[0].logprobs.as_ref().unwrap().text_offset, [0]);
+
+        let inside = response(
+            &header(),
+            "Hi there",
+            Echo::InChoices,
+            Some(0),
+            None,
+            result(),
+        );
+        assert!(inside.prompt.is_empty());
+        let choice = &inside.choices[0];
+        assert_eq!(choice.text, "Hi there you");
+        let part = choice.logprobs.as_ref().unwrap();
+        assert_eq!(part.token_ids, [2, 10, 11, 12]);
+        assert_eq!(
+            part.token_logprobs,
+            [None, Some(-1.0), Some(-2.0), Some(-0.5)]
+        );
+        assert_eq!(part.text_offset, [0, 0, 2, 8]);
+        // Without logprobs asked, the text alone.
+        let plain = response(&header(), "Hi there", Echo::InChoices, None, None, result());
+        assert_eq!(plain.choices[0].text, "Hi there you");
+        let mut no_logprobs = result();
+        no_logprobs.choices[0].tokens = None;
+        let plain = response(&header(), "Hi", Echo::InChoices, None, None, no_logprobs);
+        assert!(plain.choices[0].logprobs.is_none());
+        let none = response(&header(), "Hi there", Echo::No, Some(0), None, result());
+        assert!(none.prompt.is_empty());
+        assert_eq!(none.choices[0].text, " you");
+    }
+}

@@ -5,7 +5,7 @@
 //! By job: `load` (the model file into llama.cpp), `prepare` (a request
 //! made ready: its chat rendered, tokenized, sized), `run` (a run's
 //! requests, as one-shots and `--batch` ask: the context sized to them),
-//! `serve` (requests admitted as they arrive, for the server), `scheduler`
+//! `admit` (requests admitted as they arrive, for the server), `scheduler`
 //! (the decode loop both drive), `state` (what this process builds up:
 //! call costs, answers for lookup, structured output's trie), `calibrate`
 //! (timing the call costs), `cpu` (the CPU's name for the cost files).
