@@ -50,3 +50,36 @@ impl Body for OutBody {
         SizeHint::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[test]
+    fn the_body_is_the_first_bytes_then_what_comes_until_the_sender_goes() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tx.send(Out::Bytes(Bytes::from_static(b"data: 1\n\n")))
+            .unwrap();
+        tx.send(Out::Bytes(Bytes::from_static(b"data: [DONE]\n\n")))
+            .unwrap();
+        drop(tx);
+        let body = OutBody::new(Some(Bytes::from_static(b"{")), rx);
+        let all = rt.block_on(body.collect()).unwrap().to_bytes();
+        assert_eq!(&all[..], b"{data: 1\n\ndata: [DONE]\n\n");
+        // An error ends the body: the status was sent with its first bytes.
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tx.send(Out::Bytes(Bytes::from_static(b"a"))).unwrap();
+        tx.send(Out::Error(crate::error::CmplError::interrupted()))
+            .unwrap();
+        tx.send(Out::Bytes(Bytes::from_static(b"never"))).unwrap();
+        let all = rt
+            .block_on(OutBody::new(None, rx).collect())
+            .unwrap()
+            .to_bytes();
+        assert_eq!(&all[..], b"a");
+    }
+}

@@ -57,7 +57,7 @@ pub async fn run_for_caller(req: hyper::Request<Incoming>, shared: &Shared) -> R
                 .unwrap_or_else(|_| hyper::Response::new(Full::new(Bytes::new()).boxed()));
         }
     };
-    let bytes = request.prompt.len() + super::completions::REQUEST_OVERHEAD;
+    let bytes = request.prompt_bytes() + super::completions::REQUEST_OVERHEAD;
     let Some(mut places) = shared.queue.reserve(1, bytes) else {
         let (status, e) = busy(&super::completions::queue_full(shared));
         return error(status, &e);

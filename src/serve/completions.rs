@@ -57,7 +57,7 @@ pub async fn complete(req: hyper::Request<Incoming>, shared: &Shared, chat: bool
     let each = body_bytes.div_ceil(requests.len().max(1));
     let bytes = requests
         .iter()
-        .map(|r| r.prompt.len().max(each))
+        .map(|r| r.prompt_bytes().max(each))
         .max()
         .unwrap_or(0)
         + REQUEST_OVERHEAD;

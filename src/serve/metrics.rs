@@ -268,3 +268,71 @@ pub fn resident_bytes() -> Option<u64> {
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     Some(pages * u64::try_from(page).ok()?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value of the sample `line_start` begins in `text`.
+    fn sample(text: &str, line_start: &str) -> String {
+        text.lines()
+            .find_map(|l| l.strip_prefix(line_start))
+            .unwrap_or_else(|| panic!("no {line_start} in {text}"))
+            .trim()
+            .to_string()
+    }
+
+    #[test]
+    fn histograms_count_by_upper_bound_cumulatively() {
+        let h = Histogram::new(&[0.1, 1.0]);
+        for s in [0.05, 0.1, 0.5, 3.0] {
+            h.observe(s);
+        }
+        let mut out = String::new();
+        h.render(&mut out, "x", "help");
+        assert_eq!(sample(&out, "x_bucket{le=\"0.1\"}"), "2");
+        assert_eq!(sample(&out, "x_bucket{le=\"1\"}"), "3");
+        assert_eq!(sample(&out, "x_bucket{le=\"+Inf\"}"), "4");
+        assert_eq!(sample(&out, "x_count"), "4");
+        let sum: f64 = sample(&out, "x_sum").parse().unwrap();
+        assert!((sum - 3.65).abs() < 1e-9, "{sum}");
+    }
+
+    #[test]
+    fn the_exposition_says_what_was_answered_and_what_waits() {
+        let m = Metrics::default();
+        m.running.store(2, Relaxed);
+        m.finished(&Finished {
+            status: 200,
+            prompt_tokens: 10,
+            tokens: 4,
+            reused: 6,
+            drafts: crate::backend::Drafts {
+                drafted: 3,
+                accepted: 2,
+            },
+            started: Instant::now(),
+        });
+        m.answered(503);
+        m.token(true, Instant::now());
+        assert_eq!(m.requests(), 2);
+        let out = m.render(5, 32, 4096);
+        assert_eq!(sample(&out, "vllm:num_requests_running "), "2");
+        assert_eq!(sample(&out, "vllm:num_requests_waiting "), "3");
+        assert_eq!(sample(&out, "cmpl:queue_bytes "), "4096");
+        assert_eq!(sample(&out, "cmpl:slots "), "32");
+        assert_eq!(sample(&out, "vllm:prompt_tokens_total "), "10");
+        assert_eq!(sample(&out, "vllm:prefix_cache_hits_total "), "6");
+        assert_eq!(
+            sample(&out, "vllm:spec_decode_num_accepted_tokens_total "),
+            "2"
+        );
+        assert_eq!(sample(&out, "cmpl:requests_total{status=\"503\"} "), "1");
+        assert_eq!(sample(&out, "vllm:time_to_first_token_seconds_count "), "1");
+        // Running never reads above what is in flight.
+        assert_eq!(
+            sample(&m.render(1, 32, 0), "vllm:num_requests_running "),
+            "1"
+        );
+    }
+}

@@ -223,6 +223,12 @@ pub struct Chat {
 }
 
 impl Request {
+    /// The bytes its prompt holds while it waits: its text, or its ids.
+    pub fn prompt_bytes(&self) -> usize {
+        let ids = self.prompt_ids.as_ref().map_or(0, Vec::len);
+        self.prompt.len() + ids * std::mem::size_of::<i32>()
+    }
+
     pub fn validate(raw: &RawRequest) -> Result<Request> {
         let messages = messages(raw)?;
         let (prompt, prompt_ids) = match raw.get(PROMPT.name) {
@@ -247,9 +253,6 @@ impl Request {
                 "`prompt` is empty; give the text to complete",
             ));
         }
-        if prompt_ids.is_some() {
-            ids_alone(raw)?;
-        }
         let stop = stop(raw)?;
         let max_tokens = max_tokens(raw)?;
         let n = integer(raw, &N)?.map_or(1, |v| v as u32);
@@ -265,6 +268,9 @@ impl Request {
             logit_bias: logit_bias(raw)?,
         };
         let mut chat = chat(raw, &prompt, messages)?;
+        if prompt_ids.is_some() {
+            ids_alone(raw, chat.is_some())?;
+        }
         let constraint = Constraint::from_fields(
             raw.get(RESPONSE_FORMAT.name),
             raw.get(STRUCTURED_OUTPUTS.name),
@@ -375,21 +381,29 @@ fn token_ids(items: &[Value], at: &str) -> Result<Vec<i32>> {
 }
 
 /// A prompt of token ids is read against the model's vocabulary as it
-/// stands: no chat renders it and no guard reads it as text.
-fn ids_alone(raw: &RawRequest) -> Result<()> {
-    for (field, given) in [
-        (CHAT.name, boolean(raw, CHAT.name)? == Some(true)),
-        (SYSTEM.name, raw.get(SYSTEM.name).is_some()),
-        (SAFETY_MODEL.name, raw.get(SAFETY_MODEL.name).is_some()),
-    ] {
-        if given {
-            return Err(CmplError::invalid(
-                field,
-                format!("`{field}` reads the prompt as text, and this prompt is token ids: send the text instead"),
-            ));
-        }
+/// stands: no chat renders it (`chat` is whether a field made it one) and
+/// no guard reads it as text.
+fn ids_alone(raw: &RawRequest, chat: bool) -> Result<()> {
+    let chat_fields = [
+        CHAT.name,
+        SYSTEM.name,
+        CHAT_TEMPLATE.name,
+        TOOLS.name,
+        THINK.name,
+        REASONING_BUDGET.name,
+    ];
+    let by_chat = chat_fields
+        .into_iter()
+        .filter(|_| chat)
+        .find(|f| raw.get(f).is_some());
+    let by_guard = Some(SAFETY_MODEL.name).filter(|f| raw.get(f).is_some());
+    match by_chat.or(by_guard) {
+        Some(field) => Err(CmplError::invalid(
+            field,
+            format!("`{field}` reads the prompt as text, and this prompt is token ids: send the text instead"),
+        )),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// `max_tokens`: 0 generates nothing, which scores the prompt alone with
@@ -1044,6 +1058,17 @@ mod tests {
         assert_eq!(ids(json!({"prompt": [2, 818]})), Some(vec![2, 818]));
         assert_eq!(ids(json!({"prompt": [[2, 818]]})), Some(vec![2, 818]));
         assert_eq!(ids(json!({"prompt": "2 818"})), None);
+        // While it waits, a prompt of ids holds its ids' bytes.
+        assert_eq!(
+            validate(json!({"prompt": [2, 818, 5]}))
+                .unwrap()
+                .prompt_bytes(),
+            12
+        );
+        assert_eq!(
+            validate(json!({"prompt": "abc"})).unwrap().prompt_bytes(),
+            3
+        );
         let raw = |v: Value| RawRequest::from_value(v, "x").unwrap();
         assert!(raw(json!({"prompt": [2, 818, 5]}))
             .prompts(8)
@@ -1154,6 +1179,8 @@ mod tests {
             (json!({"prompt": [[1], 2]}), "prompt"),
             (json!({"prompt": [[]]}), "prompt"),
             (json!({"prompt": [1], "chat": true}), "chat"),
+            (json!({"prompt": [1], "system": "s"}), "system"),
+            (json!({"prompt": [1], "safety_model": "g"}), "safety_model"),
             (json!({"prompt": "a", "max_tokens": 0}), "max_tokens"),
             (
                 json!({"prompt": "a", "max_tokens": 0, "echo": true, "stream": true}),
