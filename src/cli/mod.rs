@@ -553,3 +553,41 @@ pub fn clap_param(e: &clap::Error) -> String {
         None => name.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        let argv = std::iter::once("cmpl")
+            .chain(args.iter().copied())
+            .map(Into::into);
+        Cli::try_parse_from(normalize_args(argv))
+    }
+
+    #[test]
+    fn llama_cpps_spelling_of_gpu_layers_is_taken() {
+        assert_eq!(parse(&["-ngl", "99", "hi"]).unwrap().n_gpu_layers, Some(99));
+    }
+
+    #[test]
+    fn a_clap_error_names_the_field_and_says_one_line() {
+        let e = parse(&["--max-tokens", "many"]).unwrap_err();
+        assert_eq!(clap_param(&e), "max_tokens");
+        assert!(!clap_message(&e).contains('\n'));
+        assert!(!clap_message(&e).starts_with("error:"));
+        let e = parse(&["--no-such-flag"]).unwrap_err();
+        assert_eq!(clap_param(&e), "--no-such-flag");
+    }
+
+    #[test]
+    fn the_version_names_the_cpu_features_and_the_gpu_backends() {
+        let v = version_text();
+        assert!(
+            v.starts_with(&format!("cmpl {} (", env!("CARGO_PKG_VERSION"))),
+            "{v}"
+        );
+        assert!(v.contains("GPU backends: "), "{v}");
+        assert_eq!(gpu_backends().is_empty(), v.contains("none, CPU only"));
+    }
+}

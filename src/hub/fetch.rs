@@ -546,3 +546,44 @@ impl Lock {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_from_a_hub_stay_plain_and_inside_their_folder() {
+        assert!(is_plain_name("a1b2-c_3"));
+        for bad in ["", "a/b", "..", "a b", "é"] {
+            assert!(!is_plain_name(bad), "{bad:?}");
+        }
+        assert!(is_relative_name("Q4_K_M/model-00001-of-00002.gguf"));
+        for bad in [
+            "../x.gguf",
+            "a/../../x",
+            "/etc/passwd",
+            "a//b",
+            "./a",
+            "a\\b",
+            "",
+        ] {
+            assert!(!is_relative_name(bad), "{bad:?}");
+        }
+        assert!(is_sha256(&"ab".repeat(32)));
+        assert!(!is_sha256(&"ab".repeat(31)) && !is_sha256(&"zz".repeat(32)));
+    }
+
+    #[test]
+    fn urls_are_joined_and_paths_encoded() {
+        assert_eq!(
+            origin("http://127.0.0.1:9/api/models/x"),
+            "http://127.0.0.1:9"
+        );
+        assert_eq!(origin("https://hf.co"), "https://hf.co");
+        assert_eq!(
+            encode_path("dir/my model+v2.gguf"),
+            "dir/my%20model%2Bv2.gguf"
+        );
+        assert_eq!(hex(&[0, 15, 255]), "000fff");
+    }
+}
