@@ -392,10 +392,9 @@ fn ids_alone(raw: &RawRequest, chat: bool) -> Result<()> {
         THINK.name,
         REASONING_BUDGET.name,
     ];
-    let by_chat = chat_fields
-        .into_iter()
-        .filter(|_| chat)
-        .find(|f| raw.get(f).is_some());
+    let by_chat = chat
+        .then(|| chat_fields.into_iter().find(|f| raw.get(f).is_some()))
+        .flatten();
     let by_guard = Some(SAFETY_MODEL.name).filter(|f| raw.get(f).is_some());
     match by_chat.or(by_guard) {
         Some(field) => Err(CmplError::invalid(
@@ -410,19 +409,21 @@ fn ids_alone(raw: &RawRequest, chat: bool) -> Result<()> {
 /// `echo` (as OpenAI's completions answered it) and is otherwise a mistake.
 fn max_tokens(raw: &RawRequest) -> Result<u32> {
     let max = integer(raw, &MAX_TOKENS)?.map_or(DEFAULT_MAX_TOKENS, |v| v as u32);
-    if max == 0 {
-        let fix = if boolean(raw, ECHO.name)? != Some(true) {
-            "`max_tokens`: 0 generates nothing; give 1 or more, or `echo`: true (with `logprobs`) to score the prompt alone"
-        } else if boolean(raw, STREAM.name)? == Some(true) {
-            "`max_tokens`: 0 scores the prompt and generates nothing to stream; leave out `stream`"
-        } else {
-            ""
-        };
-        if !fix.is_empty() {
-            return Err(CmplError::invalid(MAX_TOKENS.name, fix));
-        }
+    let fix = if max > 0 {
+        None
+    } else if boolean(raw, ECHO.name)? != Some(true) {
+        Some("`max_tokens`: 0 generates nothing; give 1 or more, or `echo`: true (with `logprobs`) to score the prompt alone")
+    } else if boolean(raw, STREAM.name)? == Some(true) {
+        Some(
+            "`max_tokens`: 0 scores the prompt and generates nothing to stream; leave out `stream`",
+        )
+    } else {
+        None
+    };
+    match fix {
+        Some(fix) => Err(CmplError::invalid(MAX_TOKENS.name, fix)),
+        None => Ok(max),
     }
-    Ok(max)
 }
 
 /// The conversation, where the request is a chat: `messages` as given (a

@@ -146,10 +146,9 @@ impl Engine {
             Some(ids) => self.given_tokens(ids, limit, holder)?,
             None => self.prompt_tokens(&request.prompt, limit, holder)?,
         };
-        if let Some(ids) = request.prompt_ids.as_deref() {
+        if request.prompt_ids.is_some() {
             // What echo shows: the text the ids make.
-            let ids: Vec<i64> = ids.iter().map(|&id| i64::from(id)).collect();
-            request.prompt = self.text_of(&ids, fields::PROMPT.name)?;
+            request.prompt = self.text_of_tokens(&tokens);
         }
         let n_prompt = tokens.len() as u32;
         // Each choice's positions end at the model's window (or its slot's

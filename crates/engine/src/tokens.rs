@@ -48,21 +48,32 @@ impl Engine {
     /// vocabulary is refused by its index in `field`.
     pub fn text_of(&self, ids: &[i64], field: &str) -> Result<String> {
         let n_vocab = i64::from(self.model.n_vocab());
-        let vocab = self.model.vocab();
-        let mut bytes = Vec::new();
-        for (i, &id) in ids.iter().enumerate() {
-            if !(0..n_vocab).contains(&id) {
-                return Err(CmplError::invalid(
+        let tokens = ids
+            .iter()
+            .enumerate()
+            .map(|(i, &id)| match (0..n_vocab).contains(&id) {
+                true => Ok(LlamaToken(id as i32)),
+                false => Err(CmplError::invalid(
                     field,
                     format!(
                         "`{field}[{i}]` is {id}, and this model's vocabulary has ids 0 to {}",
                         n_vocab - 1
                     ),
-                ));
-            }
-            bytes.extend(vocab.token_to_piece(LlamaToken(id as i32), true, None));
-        }
-        Ok(String::from_utf8_lossy(&bytes).into_owned())
+                )),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(self.text_of_tokens(&tokens))
+    }
+
+    /// The text tokens already checked against the vocabulary make
+    /// (special tokens written out), as [`Engine::text_of`] gives it.
+    pub(crate) fn text_of_tokens(&self, tokens: &[LlamaToken]) -> String {
+        let vocab = self.model.vocab();
+        let bytes: Vec<u8> = tokens
+            .iter()
+            .flat_map(|&t| vocab.token_to_piece(t, true, None))
+            .collect();
+        String::from_utf8_lossy(&bytes).into_owned()
     }
 
     /// The vocabulary's special tokens, the model's chat template and context.

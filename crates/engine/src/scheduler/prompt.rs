@@ -105,7 +105,10 @@ impl Run<'_> {
             let echo = job.request.echo;
             let scored = scored(&job);
             let top_n = job.request.logprobs.unwrap_or(0) as usize;
-            let ids: Vec<i32> = job.tokens.iter().map(|t| t.0).collect();
+            let ids: Vec<i32> = match scored {
+                true => job.tokens.iter().map(|t| t.0).collect(),
+                false => Vec::new(),
+            };
             // A scored prompt reuses cells only as far as a scored prompt
             // before it gives their tokens' infos, less one: the logits
             // that score the first new token are computed again.
@@ -114,7 +117,7 @@ impl Run<'_> {
                 _ => Vec::new(),
             };
             let reuse = match scored {
-                false => Some(ids.len() - 1),
+                false => Some(job.tokens.len() - 1),
                 true => shared.len().checked_sub(1).filter(|&n| n > 0),
             };
             let (seqs, reused) = self.place(&job, reuse, &mut ready, ctx, batch, sink)?;
