@@ -5,11 +5,12 @@
 //! shown: either is an error of its own kind (`content_filter`, exit 3)
 //! that names the categories the guard gave.
 //!
-//! It is one step around any backend ([`Guarded`], chosen where the backend
-//! is opened): a guarded job's events are held ([`Held`]) until its answers'
-//! verdict, then reported as they came, or as the job's rejection. No face
-//! knows of it but the server, which asks for verdicts off its decode loop
-//! with the same two parts ([`Guards`], [`Held`]).
+//! It is one step on every face: a guarded job's events pass a [`Step`],
+//! which holds them until the job's end; its answers are judged on the
+//! [`Verdicts`] thread, and its events reported as they came, or as the
+//! job's rejection. A backend's run has it around it ([`Guarded`], chosen
+//! where the backend is opened); the server's decode loop, which is not a
+//! backend's run, puts its events through the same step and thread.
 
 use crate::backend::{Backend, Event, JobResult, OwnedEvent, RunOptions, Sink};
 use crate::error::{CmplError, ErrorKind, Result};
@@ -19,10 +20,11 @@ use crate::request::{RawRequest, Request};
 use crate::signal::INTERRUPTED;
 use crate::template::Message;
 use serde_json::json;
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Mutex, OnceLock};
 use std::time::Instant;
+use tokio::sync::oneshot;
 
 /// Tokens a verdict may take: `unsafe` and a list of categories. A guard
 /// that talks on is cut here, and what it said is read as any verdict is.
@@ -229,20 +231,12 @@ impl Guard {
 
 /// The guard models a run's requests name, each opened at its first use
 /// (one that fails to open is tried again by the next request naming it).
-pub struct Guards {
+struct Guards {
     runtime: RunSettings,
     open: HashMap<String, Guard>,
 }
 
 impl Guards {
-    /// Guards opened with `runtime`'s settings (see [`Guard::open`]).
-    pub fn new(runtime: &RunSettings) -> Guards {
-        Guards {
-            runtime: runtime.clone(),
-            open: HashMap::new(),
-        }
-    }
-
     fn of(&mut self, request: &Request) -> Result<&Guard> {
         let named = request.safety_model.as_deref().unwrap_or_default();
         if !self.open.contains_key(named) {
@@ -251,16 +245,67 @@ impl Guards {
         }
         Ok(&self.open[named])
     }
+}
 
-    /// Refuses `request` when its guard flags its prompt.
-    pub fn check_prompt(&mut self, request: &Request) -> Result<()> {
-        self.of(request)?.check_prompt(request)
+/// What the verdicts' thread is given to do.
+type Ask = Box<dyn FnOnce(&mut Guards) + Send>;
+
+/// The guard models on a thread of their own, asked in turn: a verdict is
+/// another model's decode, which must not stall the answering model's loop
+/// (a batch's other jobs, a server's other clients).
+pub struct Verdicts {
+    tx: Mutex<mpsc::Sender<Ask>>,
+}
+
+impl Verdicts {
+    /// The verdicts' thread, opening each guard once with `runtime`'s
+    /// settings (see [`Guard::open`]).
+    pub fn start(runtime: &RunSettings) -> Verdicts {
+        let runtime = runtime.clone();
+        let (tx, rx) = mpsc::channel::<Ask>();
+        std::thread::spawn(move || {
+            let mut guards = Guards {
+                runtime,
+                open: HashMap::new(),
+            };
+            for ask in rx {
+                ask(&mut guards);
+            }
+        });
+        Verdicts { tx: Mutex::new(tx) }
     }
 
-    /// Refuses `result` when `request`'s guard flags one of its answers.
-    pub fn check_answers(&mut self, request: &Request, result: &JobResult) -> Result<()> {
-        self.of(request)?.check_answers(request, result)
+    fn ask(&self, ask: Ask) {
+        if let Ok(tx) = self.tx.lock() {
+            let _ = tx.send(ask);
+        }
     }
+
+    /// The guard's verdict on `request`'s prompt, to come: awaited by the
+    /// server, waited for (`blocking_recv`) by a backend's run.
+    pub fn prompt(&self, request: &Request) -> oneshot::Receiver<Result<()>> {
+        let (reply, verdict) = oneshot::channel();
+        let request = request.clone();
+        // Unsent, `reply` is dropped and the receiver hears it closed.
+        self.ask(Box::new(move |guards| {
+            let checked = guards.of(&request).and_then(|g| g.check_prompt(&request));
+            let _ = reply.send(checked);
+        }));
+        verdict
+    }
+
+    /// Judges a held job's answers, then hands `then` its events to report
+    /// as they came, or its rejection (on the verdicts' thread).
+    pub fn judge(&self, held: Held, then: impl FnOnce(Result<Vec<OwnedEvent>>) + Send + 'static) {
+        // Unasked (the thread gone), `then` is dropped unheard, and what it
+        // would have answered hears its channel close.
+        self.ask(Box::new(move |guards| then(held.judge(guards))));
+    }
+}
+
+/// A prompt verdict that never came: the verdicts' thread stopped.
+pub fn no_verdict() -> CmplError {
+    CmplError::internal("the safety model's thread stopped")
 }
 
 /// A guarded job's events, held until its answers are judged.
@@ -270,23 +315,13 @@ pub struct Held {
 }
 
 impl Held {
-    pub fn new(request: Request) -> Held {
-        Held {
-            request,
-            events: Vec::new(),
-        }
-    }
-
-    /// Holds `event` (a rejection is never held: it shows nothing).
-    pub fn hold(&mut self, event: &Event) {
-        self.events.push(OwnedEvent::from(event));
-    }
-
     /// Once the job's `Done` is held: its events to report as they came
     /// when the guard finds every answer safe, else the job's rejection.
-    pub fn judge(self, guards: &mut Guards) -> Result<Vec<OwnedEvent>> {
+    fn judge(self, guards: &mut Guards) -> Result<Vec<OwnedEvent>> {
         match self.events.last() {
-            Some(OwnedEvent::Done { result }) => guards.check_answers(&self.request, result)?,
+            Some(OwnedEvent::Done { result }) => guards
+                .of(&self.request)?
+                .check_answers(&self.request, result)?,
             _ => {
                 return Err(CmplError::internal(
                     "a guarded job was judged before its end",
@@ -297,20 +332,83 @@ impl Held {
     }
 }
 
+/// What [`Step::pass`] makes of an event.
+pub enum Pass<'a> {
+    /// Not guarded, or a rejection: report it now.
+    Now(Event<'a>),
+    /// Held until the job's verdict.
+    Held,
+    /// The job's end: its held events, to be judged ([`Verdicts::judge`]).
+    Judge(Held),
+}
+
+/// The guard step every face's events pass through (a backend's run
+/// through [`Guarded`], the server's decode loop directly): a guarded
+/// job's events are held until its end, then judged.
+#[derive(Default)]
+pub struct Step {
+    held: HashMap<usize, Held>,
+}
+
+impl Step {
+    /// Holds job `job`'s events from now on when `request` names a guard.
+    pub fn guard(&mut self, job: usize, request: &Request) {
+        if request.safety_model.is_some() {
+            self.held.insert(
+                job,
+                Held {
+                    request: request.clone(),
+                    events: Vec::new(),
+                },
+            );
+        }
+    }
+
+    /// Drops job `job`'s held events: its client left, nothing is shown.
+    pub fn forget(&mut self, job: usize) {
+        self.held.remove(&job);
+    }
+
+    pub fn pass<'a>(&mut self, event: Event<'a>) -> Pass<'a> {
+        let job = event.job();
+        let Some(held) = self.held.get_mut(&job) else {
+            return Pass::Now(event);
+        };
+        match event {
+            // A rejection shows nothing to judge.
+            Event::Rejected { .. } => {
+                self.held.remove(&job);
+                Pass::Now(event)
+            }
+            Event::Done { .. } => {
+                held.events.push(OwnedEvent::from(&event));
+                Pass::Judge(self.held.remove(&job).expect("looked up above"))
+            }
+            _ => {
+                held.events.push(OwnedEvent::from(&event));
+                Pass::Held
+            }
+        }
+    }
+}
+
 /// Any backend with its requests' `safety_model`s: a flagged prompt is
 /// its job's rejection and never reaches the backend; a job's answers are
 /// held until they are found safe, else the job is rejected. Requests
 /// without one pass as they are.
 pub struct Guarded {
     inner: &'static dyn Backend,
-    guards: RefCell<Guards>,
+    runtime: RunSettings,
+    /// Started by the first guarded request.
+    verdicts: OnceLock<Verdicts>,
 }
 
 impl Guarded {
     pub fn new(inner: &'static dyn Backend, runtime: &RunSettings) -> Guarded {
         Guarded {
             inner,
-            guards: RefCell::new(Guards::new(runtime)),
+            runtime: runtime.clone(),
+            verdicts: OnceLock::new(),
         }
     }
 }
@@ -330,16 +428,18 @@ impl Backend for Guarded {
         if requests.iter().all(|r| r.safety_model.is_none()) {
             return self.inner.run(requests, opts, interrupted, sink);
         }
+        let verdicts = self.verdicts.get_or_init(|| Verdicts::start(&self.runtime));
         // The inner run's job `i` is job `jobs[i]` of this one.
         let (mut jobs, mut admitted) = (Vec::new(), Vec::new());
-        let mut held: HashMap<usize, Held> = HashMap::new();
+        let mut step = Step::default();
         for (job, request) in requests.into_iter().enumerate() {
             if request.safety_model.is_some() {
-                if let Err(error) = self.guards.borrow_mut().check_prompt(&request) {
+                let verdict = verdicts.prompt(&request).blocking_recv();
+                if let Err(error) = verdict.unwrap_or_else(|_| Err(no_verdict())) {
                     sink(Event::Rejected { job, error })?;
                     continue;
                 }
-                held.insert(job, Held::new(request.clone()));
+                step.guard(job, &request);
             }
             jobs.push(job);
             admitted.push(request);
@@ -347,32 +447,44 @@ impl Backend for Guarded {
         if admitted.is_empty() {
             return Ok(());
         }
-        self.inner
+        // Judged jobs come back here, reported between the run's events
+        // and, for the last, after it.
+        let (judged_tx, judged) = mpsc::channel();
+        let mut waiting = 0usize;
+        let report =
+            |(job, verdict): (usize, Result<Vec<OwnedEvent>>), sink: &mut Sink| match verdict {
+                Ok(events) => events.into_iter().try_for_each(|e| e.report(job, sink)),
+                Err(error) => sink(Event::Rejected { job, error }),
+            };
+        let ran = self
+            .inner
             .run(admitted, opts, interrupted, &mut |event: Event| {
                 let job = jobs[event.job()];
-                let event = event.for_job(job);
-                if !held.contains_key(&job) {
-                    return sink(event);
+                while let Ok(verdict) = judged.try_recv() {
+                    waiting -= 1;
+                    report(verdict, sink)?;
                 }
-                match event {
-                    Event::Rejected { .. } => {
-                        held.remove(&job);
-                        sink(event)
-                    }
-                    Event::Done { .. } => {
-                        let mut holding = held.remove(&job).expect("held above");
-                        holding.hold(&event);
-                        match holding.judge(&mut self.guards.borrow_mut()) {
-                            Ok(events) => events.into_iter().try_for_each(|e| e.report(job, sink)),
-                            Err(error) => sink(Event::Rejected { job, error }),
-                        }
-                    }
-                    _ => {
-                        held.entry(job).and_modify(|h| h.hold(&event));
+                match step.pass(event.for_job(job)) {
+                    Pass::Now(event) => sink(event),
+                    Pass::Held => Ok(()),
+                    Pass::Judge(held) => {
+                        waiting += 1;
+                        let tx = judged_tx.clone();
+                        verdicts.judge(held, move |verdict| {
+                            let _ = tx.send((job, verdict));
+                        });
                         Ok(())
                     }
                 }
-            })
+            });
+        drop(judged_tx);
+        // What was judged still reaches the sink, the run's error after it.
+        while waiting > 0 {
+            let Ok(verdict) = judged.recv() else { break };
+            waiting -= 1;
+            report(verdict, sink)?;
+        }
+        ran
     }
 }
 
@@ -413,6 +525,76 @@ pub fn verdict(text: &str) -> Option<Verdict> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn request(body: &str) -> Request {
+        Request::validate(&RawRequest::from_json(body, "test").unwrap()).unwrap()
+    }
+
+    fn started(job: usize) -> Event<'static> {
+        Event::Started {
+            job,
+            prompt: None,
+            seeds: &[],
+            rendered: None,
+        }
+    }
+
+    fn done(job: usize) -> Event<'static> {
+        Event::Done {
+            job,
+            result: JobResult::default(),
+        }
+    }
+
+    #[test]
+    fn an_unguarded_job_passes_at_once() {
+        let mut step = Step::default();
+        step.guard(0, &request(r#"{"prompt":"a"}"#));
+        assert!(matches!(
+            step.pass(started(0)),
+            Pass::Now(Event::Started { job: 0, .. })
+        ));
+        assert!(matches!(
+            step.pass(done(0)),
+            Pass::Now(Event::Done { job: 0, .. })
+        ));
+    }
+
+    #[test]
+    fn a_guarded_job_is_held_to_its_end_then_judged_whole() {
+        let mut step = Step::default();
+        step.guard(3, &request(r#"{"prompt":"a","safety_model":"g"}"#));
+        assert!(
+            matches!(step.pass(started(2)), Pass::Now(_)),
+            "job 2 is not guarded"
+        );
+        assert!(matches!(step.pass(started(3)), Pass::Held));
+        let Pass::Judge(held) = step.pass(done(3)) else {
+            panic!("the end of a guarded job is judged");
+        };
+        assert_eq!(held.events.len(), 2);
+        assert!(matches!(held.events[0], OwnedEvent::Started { .. }));
+        assert!(matches!(held.events[1], OwnedEvent::Done { .. }));
+        // Judged once: what comes after is not held.
+        assert!(matches!(step.pass(done(3)), Pass::Now(_)));
+    }
+
+    #[test]
+    fn a_rejection_is_shown_and_a_forgotten_job_holds_nothing() {
+        let mut step = Step::default();
+        let guarded = request(r#"{"prompt":"a","safety_model":"g"}"#);
+        step.guard(0, &guarded);
+        assert!(matches!(step.pass(started(0)), Pass::Held));
+        let error = CmplError::internal("x");
+        assert!(matches!(
+            step.pass(Event::Rejected { job: 0, error }),
+            Pass::Now(Event::Rejected { job: 0, .. })
+        ));
+        assert!(step.held.is_empty());
+        step.guard(1, &guarded);
+        step.forget(1);
+        assert!(step.held.is_empty());
+    }
 
     #[test]
     fn verdicts_are_read_loosely() {

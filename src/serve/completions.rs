@@ -46,7 +46,8 @@ pub async fn complete(req: hyper::Request<Incoming>, shared: &Shared, chat: bool
     // A safety model judges each prompt before it is queued (its answers
     // are held for their verdict by the decode loop's side).
     for request in requests.iter().filter(|r| r.safety_model.is_some()) {
-        if let Err(e) = shared.verdicts.check_prompt(request).await {
+        let verdict = shared.verdicts.prompt(request).await;
+        if let Err(e) = verdict.unwrap_or_else(|_| Err(crate::safety::no_verdict())) {
             return error(status_of(&e), &e);
         }
     }

@@ -11,7 +11,8 @@
 //! table), `auth` and `limits` (what must hold before and while a request is
 //! read), `policy` (what a body may ask of this server), `completions` and
 //! `caller` (the answers), `about` and `metrics` (what it tells of itself),
-//! `worker` (the decode loop's side), `verdicts` (its safety models).
+//! `worker` (the decode loop's side, its events through `safety`'s guard
+//! step as every face's are).
 
 mod about;
 mod auth;
@@ -26,7 +27,6 @@ mod policy;
 mod reply;
 mod routes;
 mod tokenizer;
-mod verdicts;
 mod worker;
 
 use crate::config::Config;
@@ -56,7 +56,7 @@ struct Shared {
     settings: String,
     keep_alive: Option<Duration>,
     /// The safety models requests name (the decode loop's too).
-    verdicts: Arc<verdicts::Verdicts>,
+    verdicts: Arc<crate::safety::Verdicts>,
     /// Its model: chat requests' templates, rendered before they are
     /// queued, and the file `--ps` shows and the server watches.
     engine: &'static Engine,
@@ -105,7 +105,12 @@ pub fn run(
         metrics: Arc::new(metrics::Metrics::default()),
         settings: settings(runtime, opts, parallel),
         keep_alive: opts.keep_alive,
-        verdicts: Arc::new(verdicts::Verdicts::start(runtime)),
+        verdicts: Arc::new(crate::safety::Verdicts::start(
+            &crate::options::RunSettings {
+                keep_alive: None,
+                ..runtime.clone()
+            },
+        )),
     });
     // The decode loop's thread: `ready` once its context exists, `ended`
     // when it returns (a failure ends the server: never a live-looking

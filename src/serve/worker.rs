@@ -7,7 +7,6 @@
 use super::body::Out;
 use super::limits::{InFlight, Taken};
 use super::metrics::{Finished, Metrics};
-use super::verdicts::Verdicts;
 use crate::api::ResponseHeader;
 use crate::backend::{Drafts, Event, OwnedEvent};
 use crate::chat_printer::ChatWriter;
@@ -15,7 +14,7 @@ use crate::engine::{Arrival, Cells, Engine};
 use crate::error::{CmplError, ErrorKind, Result};
 use crate::printer::{Format, Printer};
 use crate::request::Request;
-use crate::safety::Held;
+use crate::safety::{Pass, Step, Verdicts};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io::Write;
@@ -63,9 +62,6 @@ struct Client {
     drafts: Drafts,
     /// Prompt tokens the prefix cache spared.
     reused: u32,
-    /// Its events until its safety model's verdict (a cmpl caller's
-    /// are judged by the caller's own run).
-    held: Option<Held>,
     /// Given back before the answer's last bytes are sent, so that a
     /// client sending its next request at once finds it free.
     place: Option<InFlight>,
@@ -141,6 +137,7 @@ pub fn run(
     verdicts: &Verdicts,
 ) -> Result<()> {
     let clients: RefCell<HashMap<usize, Client>> = RefCell::new(HashMap::new());
+    let step = RefCell::new(Step::default());
     let mut index = 0usize;
     let mut ready = Some(ready);
     let mut next = |wait: bool| {
@@ -201,13 +198,14 @@ pub fn run(
                 false,
             )),
         };
-        let held = (submission.caller.is_none() && submission.request.safety_model.is_some())
-            .then(|| Held::new(submission.request.clone()));
+        // A cmpl caller's answers are judged by the caller's own run.
+        if submission.caller.is_none() {
+            step.borrow_mut().guard(index, &submission.request);
+        }
         clients.borrow_mut().insert(
             index,
             Client {
                 face,
-                held,
                 tx: submission.tx,
                 path: submission.path,
                 started: submission.started,
@@ -239,43 +237,47 @@ pub fn run(
         let Some(client) = clients.get_mut(&job) else {
             return Ok(());
         };
+        if let Event::Token { usage: Some(u), .. } = &event {
+            client.tokens += u.completion_tokens;
+        }
+        if let Event::Done { result, .. } = &event {
+            client.drafts = result.drafts;
+            client.reused = result.reused;
+            client.prompt_tokens = result.prompt_tokens;
+        }
         let outcome = if client.tx.is_closed() {
+            step.borrow_mut().forget(job);
             log(clients.remove(&job), 499, metrics);
             Err(cancelled())
         } else {
-            match event {
-                Event::Rejected { ref error, .. } if matches!(client.face, Face::Events(_)) => {
+            match step.borrow_mut().pass(event) {
+                Pass::Held => Ok(()),
+                Pass::Judge(held) => {
+                    // Judged on the verdicts' thread; answered from there.
+                    let client = clients.remove(&job).expect("looked up above");
+                    let metrics = metrics.clone();
+                    verdicts.judge(held, move |verdict| judged(client, job, verdict, &metrics));
+                    Ok(())
+                }
+                Pass::Now(event @ Event::Rejected { .. })
+                    if matches!(client.face, Face::Events(_)) =>
+                {
                     // A caller's error travels as an event, to be printed there.
-                    metrics.answered(super::reply::status_of(error).as_u16());
+                    if let Event::Rejected { error, .. } = &event {
+                        metrics.answered(super::reply::status_of(error).as_u16());
+                    }
                     let _ = client.face.event(event);
                     clients.remove(&job);
                     Ok(())
                 }
-                Event::Rejected { error, .. } => {
+                Pass::Now(Event::Rejected { error, .. }) => {
                     // An error response: the HTTP side logs it, as any other.
                     client.place.take();
                     let _ = client.tx.send(Out::Error(error));
                     clients.remove(&job);
                     Ok(())
                 }
-                Event::Done { ref result, .. } if client.held.is_some() => {
-                    client.drafts = result.drafts;
-                    client.reused = result.reused;
-                    client.prompt_tokens = result.prompt_tokens;
-                    // Judged on the guards' thread; answered from there.
-                    let mut client = clients.remove(&job).expect("looked up above");
-                    let mut held = client.held.take().expect("guarded");
-                    held.hold(&event);
-                    let metrics = metrics.clone();
-                    verdicts.send(Box::new(move |guards| {
-                        judged(client, job, held.judge(guards), &metrics)
-                    }));
-                    Ok(())
-                }
-                Event::Done { ref result, .. } => {
-                    client.drafts = result.drafts;
-                    client.reused = result.reused;
-                    client.prompt_tokens = result.prompt_tokens;
+                Pass::Now(event @ Event::Done { .. }) => {
                     client.place.take();
                     let printed = client.face.event(event).and_then(|()| client.face.finish());
                     let client = clients.remove(&job);
@@ -290,29 +292,18 @@ pub fn run(
                         }
                     }
                 }
-                other => {
-                    if let Event::Token { usage: Some(u), .. } = &other {
-                        client.tokens += u.completion_tokens;
+                Pass::Now(event) => {
+                    let token = matches!(event, Event::Token { .. });
+                    let printed = client.face.event(event);
+                    if token && printed.is_ok() {
+                        let since = client.sent.unwrap_or(client.started);
+                        metrics.token(client.sent.is_none(), since);
+                        client.sent = Some(Instant::now());
                     }
-                    match &mut client.held {
-                        Some(held) => {
-                            held.hold(&other);
-                            Ok(())
-                        }
-                        None => {
-                            let token = matches!(other, Event::Token { .. });
-                            let printed = client.face.event(other);
-                            if token && printed.is_ok() {
-                                let since = client.sent.unwrap_or(client.started);
-                                metrics.token(client.sent.is_none(), since);
-                                client.sent = Some(Instant::now());
-                            }
-                            printed.map_err(|_| {
-                                log(clients.remove(&job), 499, metrics);
-                                cancelled()
-                            })
-                        }
-                    }
+                    printed.map_err(|_| {
+                        log(clients.remove(&job), 499, metrics);
+                        cancelled()
+                    })
                 }
             }
         };

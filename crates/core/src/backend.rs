@@ -251,7 +251,7 @@ pub struct TokenInfo {
 }
 
 /// A finished job.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct JobResult {
     pub prompt_tokens: u32,
     /// All choices together.
