@@ -12,7 +12,7 @@
 //! the core alone: docs/architecture.md.
 
 pub use cmpl_core::{
-    api, backend, cells, chat_body, chat_printer, constraint, error, fields, gguf, grammar,
+    api, backend, cells, chat_body, chat_printer, constraint, error, fields, gguf, grammar, print,
     printer, random, request, sandbox, stop, template, tools,
 };
 pub use cmpl_engine as engine;
@@ -35,6 +35,7 @@ mod remote;
 mod resident;
 mod safety;
 mod serve;
+mod shape;
 mod signal;
 mod url;
 mod wire;

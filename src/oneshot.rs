@@ -8,8 +8,9 @@ use crate::error::Result;
 use crate::fields;
 use crate::input::{self, Input};
 use crate::options::Invocation;
-use crate::printer::{Format, Printer};
+use crate::printer::Format;
 use crate::request::{RawRequest, Request};
+use crate::shape::Shape;
 use crate::signal::INTERRUPTED;
 use serde_json::Value;
 use std::io::IsTerminal;
@@ -60,12 +61,18 @@ pub fn run(inv: &Invocation, config: &Config, json: &mut bool) -> Result<()> {
     let stdout = std::io::stdout();
     let tty = stdout.is_terminal();
     let color = inv.color.enabled(tty);
-    let mut printer = Printer::new(stdout.lock(), 0, format, header, &request, tty, color);
     // Reasoning on stderr, dimmed as the colour setting has stderr coloured.
     let stderr_tty = std::io::stderr().is_terminal();
-    if inv.reasoning.shown(stderr_tty) {
-        printer = printer.show_reasoning(inv.color.enabled(stderr_tty));
-    }
+    let shape = Shape::Completion {
+        format,
+        tty,
+        color,
+        reasoning: inv
+            .reasoning
+            .shown(stderr_tty)
+            .then(|| inv.color.enabled(stderr_tty)),
+    };
+    let mut printer = shape.open(stdout, 0, header, &request);
     let opts = RunOptions {
         parallel: None,
         ctx_size: inv.runtime.ctx_size,

@@ -7,85 +7,50 @@ mod openai;
 mod output;
 
 use crate::api::ResponseHeader;
-use crate::backend::{Drafts, Event, JobResult, RunOptions};
+use crate::backend::{Drafts, Event, RunOptions};
 use crate::config::Config;
 use crate::error::{CmplError, Result};
 use crate::fields;
 use crate::options::{BatchFiles, Invocation};
+use crate::print::Print;
 use crate::request::{RawRequest, Request};
+use crate::shape::Shape;
 use crate::signal::INTERRUPTED;
 use output::Output;
 use std::io::{BufRead, IsTerminal};
 use std::path::Path;
+use std::sync::mpsc;
 
-/// What a valid line's response needs of its request.
+/// A valid line: where its answer goes, and its printer.
 struct Line {
     /// Its place among the non-blank lines, and its line number.
     index: usize,
     number: usize,
-    header: ResponseHeader,
-    /// The prompt, when echoed (a chat's as its template rendered it).
-    echoed: Option<String>,
-    echo: crate::printer::Echo,
-    logprobs: Option<u32>,
-    /// The tools its answer may call, read back from its text.
-    tools: Option<crate::tools::Tools>,
-    form: Form,
+    /// Its response's id, which an error line carries too.
+    id: String,
+    shape: Shape,
+    printer: Box<dyn Print + Send>,
 }
 
-/// How a line's answer is written.
-#[derive(Clone)]
-enum Form {
-    /// The response, or the `ErrorData`, alone.
-    Plain,
-    /// In an OpenAI batch file's output line (`openai`).
-    Batch {
-        custom_id: Option<String>,
-        chat: bool,
-    },
+/// A line's printer's output: sent, with the line's place, when the
+/// printer flushes it (once, at the answer's end).
+struct Answered {
+    index: usize,
+    tx: mpsc::Sender<(usize, Vec<u8>)>,
+    buf: Vec<u8>,
 }
 
-impl Form {
-    /// A line's answer: `result`'s response, as `line` asks it written.
-    fn answer(line: &Line, result: JobResult) -> Result<String> {
-        let echoed = line.echoed.as_deref().unwrap_or_default();
-        let completion = |result| {
-            crate::printer::response(
-                &line.header,
-                echoed,
-                line.echo,
-                line.logprobs,
-                line.tools.as_ref(),
-                result,
-            )
-        };
-        let text = match &line.form {
-            Form::Plain => serde_json::to_string(&completion(result)),
-            Form::Batch { custom_id, chat } => {
-                let body = if *chat {
-                    serde_json::to_value(crate::chat_printer::completion(
-                        &line.header,
-                        line.logprobs.is_some(),
-                        line.tools.as_ref(),
-                        &result,
-                    ))
-                } else {
-                    serde_json::to_value(completion(result))
-                };
-                body.map(|body| openai::line(&line.header.id, custom_id.as_deref(), 200, body))
-            }
-        };
-        Ok(text.map_err(std::io::Error::from)?)
+impl std::io::Write for Answered {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
     }
 
-    /// A line's error, as its answer is written; `id` is the line's.
-    fn error(&self, id: &str, e: &CmplError) -> String {
-        match self {
-            Form::Plain => e.to_error_data().to_string(),
-            Form::Batch { custom_id, .. } => {
-                openai::line(id, custom_id.as_deref(), e.http_status(), e.to_error_data())
-            }
+    fn flush(&mut self) -> std::io::Result<()> {
+        if !self.buf.is_empty() {
+            let _ = self.tx.send((self.index, std::mem::take(&mut self.buf)));
         }
+        Ok(())
     }
 }
 
@@ -145,20 +110,21 @@ pub fn run(inv: &Invocation, config: &Config, files: &BatchFiles) -> Result<bool
     // An OpenAI batch file when its first line is one.
     let batch_file = openai::is_batch_line(&lines[0].1);
     let mut requests = Vec::new();
-    let mut meta = Vec::new();
+    let mut meta: Vec<Line> = Vec::new();
+    let (answers_tx, answers) = mpsc::channel();
     for (i, (number, text)) in lines.iter().enumerate() {
         if resumed.has(i) {
             continue;
         }
         let mut header = header(created, i, text);
-        let mut form = Form::Plain;
+        let mut shape = Shape::json();
         let parsed = if batch_file {
-            form = Form::Batch {
+            shape = Shape::BatchLine {
                 custom_id: openai::custom_id(text),
                 chat: false,
             };
             openai::read(text).and_then(|line| {
-                form = Form::Batch {
+                shape = Shape::BatchLine {
                     custom_id: Some(line.custom_id),
                     chat: line.chat,
                 };
@@ -175,23 +141,28 @@ pub fn run(inv: &Invocation, config: &Config, files: &BatchFiles) -> Result<bool
                 header.model = named
                     .or_else(|| request.model.clone())
                     .unwrap_or_else(|| model.clone());
-                if matches!(form, Form::Batch { chat: true, .. }) {
+                if matches!(shape, Shape::BatchLine { chat: true, .. }) {
                     header.id = header.id.replacen("cmpl-", "chatcmpl-", 1);
                 }
-                let echoed = request.echo.then(|| request.prompt.clone());
+                let id = header.id.clone();
+                let answered = Answered {
+                    index: i,
+                    tx: answers_tx.clone(),
+                    buf: Vec::new(),
+                };
+                let printer = shape
+                    .clone()
+                    .open(answered, requests.len(), header, &request);
                 meta.push(Line {
                     index: i,
                     number: *number,
-                    header,
-                    echoed,
-                    echo: crate::printer::Echo::of(&request),
-                    logprobs: request.logprobs,
-                    tools: request.callable_tools().cloned(),
-                    form,
+                    id,
+                    shape,
+                    printer,
                 });
                 requests.push(request);
             }
-            Err(e) => out.fail(i, *number, e, |e| form.error(&header.id, e))?,
+            Err(e) => out.fail(i, *number, e, |e| shape.error_line(&header.id, e))?,
         }
     }
     if requests.is_empty() {
@@ -208,34 +179,33 @@ pub fn run(inv: &Invocation, config: &Config, files: &BatchFiles) -> Result<bool
     let mut drafts = Drafts::default();
     let (mut reused, mut prompt_tokens) = (0u64, 0u64);
     let outcome = backend.run(requests, &opts, &INTERRUPTED, &mut |event| {
-        match event {
+        let job = event.job();
+        match &event {
             Event::Token { .. } => progress.token(),
-            Event::Rejected { job, error } => {
-                let line = &meta[job];
-                out.fail(line.index, line.number, error, |e| {
-                    line.form.error(&line.header.id, e)
-                })?;
-                progress.done();
-            }
-            Event::Done { job, result } => {
+            Event::Done { result, .. } => {
                 drafts.add(result.drafts);
                 reused += u64::from(result.reused);
                 prompt_tokens += u64::from(result.prompt_tokens);
-                let line = &meta[job];
-                out.answer(line.index, Form::answer(line, result)?)?;
+            }
+            Event::Started { .. } | Event::Rejected { .. } => {}
+        }
+        let line = &mut meta[job];
+        match event {
+            Event::Rejected { error, .. } => {
+                let (shape, id) = (&line.shape, &line.id);
+                out.fail(line.index, line.number, error, |e| shape.error_line(id, e))?;
                 progress.done();
             }
-            Event::Started {
-                job,
-                rendered: Some(rendered),
-                ..
-            } => {
-                // A chat's echo is its prompt as the template rendered it.
-                if let Some(echoed) = &mut meta[job].echoed {
-                    *echoed = rendered.to_string();
+            event @ Event::Done { .. } => {
+                line.printer.event(event)?;
+                line.printer.finish()?;
+                for (index, bytes) in answers.try_iter() {
+                    let text = String::from_utf8_lossy(&bytes);
+                    out.answer(index, text.trim_end_matches('\n').to_string())?;
                 }
+                progress.done();
             }
-            Event::Started { .. } => {}
+            event => line.printer.event(event)?,
         }
         Ok(())
     });

@@ -8,7 +8,7 @@
 
 use crate::error::{CmplError, Result};
 use crate::request::RawRequest;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 /// Bounds a stranger's `custom_id` (OpenAI's own is 512 characters).
 const MAX_CUSTOM_ID: usize = 512;
@@ -116,23 +116,10 @@ pub fn read(text: &str) -> Result<Envelope> {
     })
 }
 
-/// The output line for a line's answer: `body` is the response, or an
-/// `ErrorData` with `status` (the HTTP status the API answers it with);
-/// `id` is the line's own (the response's, or its would-be one).
-pub fn line(id: &str, custom_id: Option<&str>, status: u16, body: Value) -> String {
-    let hash = id.rsplit('-').next().unwrap_or(id);
-    json!({
-        "id": format!("batch_req_{hash}"),
-        "custom_id": custom_id,
-        "response": {"status_code": status, "request_id": id, "body": body},
-        "error": null,
-    })
-    .to_string()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn a_batch_line_is_read_as_the_endpoint_reads_its_body() {
@@ -184,22 +171,5 @@ mod tests {
             custom_id(r#"{"custom_id": "r", "url": 1}"#).as_deref(),
             Some("r")
         );
-    }
-
-    #[test]
-    fn an_answer_is_wrapped_as_the_batch_api_writes_it() {
-        let out: Value = serde_json::from_str(&line(
-            "cmpl-ab12",
-            Some("r1"),
-            200,
-            json!({"id": "cmpl-ab12"}),
-        ))
-        .unwrap();
-        assert_eq!(out["id"], "batch_req_ab12");
-        assert_eq!(out["custom_id"], "r1");
-        assert_eq!(out["response"]["status_code"], 200);
-        assert_eq!(out["response"]["request_id"], "cmpl-ab12");
-        assert_eq!(out["response"]["body"]["id"], "cmpl-ab12");
-        assert!(out["error"].is_null());
     }
 }

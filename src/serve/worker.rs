@@ -9,12 +9,13 @@ use super::limits::{InFlight, Taken};
 use super::metrics::{Finished, Metrics};
 use crate::api::ResponseHeader;
 use crate::backend::{Drafts, Event, OwnedEvent};
-use crate::chat_printer::ChatWriter;
 use crate::engine::{Arrival, Cells, Engine};
 use crate::error::{CmplError, ErrorKind, Result};
-use crate::printer::{Format, Printer};
+use crate::print::Print;
+use crate::printer::Format;
 use crate::request::Request;
 use crate::safety::{Pass, Step, Verdicts};
+use crate::shape::Shape;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io::Write;
@@ -51,7 +52,9 @@ pub struct Caller {
 
 /// A request being answered.
 struct Client {
-    face: Face,
+    printer: Box<dyn Print + Send>,
+    /// A cmpl caller's: its error travels as an event, printed there.
+    caller: bool,
     tx: UnboundedSender<Out>,
     path: String,
     started: Instant,
@@ -65,38 +68,6 @@ struct Client {
     /// Given back before the answer's last bytes are sent, so that a
     /// client sending its next request at once finds it free.
     place: Option<InFlight>,
-}
-
-/// How a request's answer is written.
-enum Face {
-    /// As the API's JSON or SSE, by the command line's printer.
-    Printer(Printer<Channel>),
-    /// As the chat endpoint's objects and chunks.
-    Chat(ChatWriter<Channel>),
-    /// As events, for a cmpl caller's printer.
-    Events(Channel),
-}
-
-impl Face {
-    fn event(&mut self, event: Event) -> Result<()> {
-        match self {
-            Face::Printer(p) => p.event(event),
-            Face::Chat(c) => c.event(event),
-            Face::Events(channel) => {
-                let line = crate::wire::line(&(&event).into());
-                channel.write_all(line.as_bytes())?;
-                channel.flush().map_err(CmplError::from)
-            }
-        }
-    }
-
-    fn finish(&mut self) -> Result<()> {
-        match self {
-            Face::Printer(p) => p.finish(),
-            Face::Chat(c) => c.finish(),
-            Face::Events(_) => Ok(()),
-        }
-    }
 }
 
 /// The printer's output: buffered, and sent to the connection on flush (the
@@ -179,25 +150,19 @@ pub fn run(
             tx: submission.tx.clone(),
             buf: Vec::new(),
         };
-        let face = match (submission.caller, submission.chat) {
-            (Some(_), _) => Face::Events(channel),
-            (None, Some(include_usage)) => Face::Chat(ChatWriter::new(
-                channel,
-                index,
-                &submission.model,
-                &submission.request,
-                include_usage,
-            )),
-            (None, None) => Face::Printer(Printer::new(
-                channel,
-                index,
-                if stream { Format::Sse } else { Format::Json },
-                ResponseHeader::new(&submission.model),
-                &submission.request,
-                false,
-                false,
-            )),
+        let shape = match (submission.caller, submission.chat) {
+            (Some(_), _) => Shape::Events,
+            (None, Some(include_usage)) => Shape::Chat { include_usage },
+            (None, None) if stream => Shape::Completion {
+                format: Format::Sse,
+                tty: false,
+                color: false,
+                reasoning: None,
+            },
+            (None, None) => Shape::json(),
         };
+        let header = ResponseHeader::new(&submission.model);
+        let printer = shape.open(channel, index, header, &submission.request);
         // A cmpl caller's answers are judged by the caller's own run.
         if submission.caller.is_none() {
             step.borrow_mut().guard(index, &submission.request);
@@ -205,7 +170,8 @@ pub fn run(
         clients.borrow_mut().insert(
             index,
             Client {
-                face,
+                printer,
+                caller: submission.caller.is_some(),
                 tx: submission.tx,
                 path: submission.path,
                 started: submission.started,
@@ -259,14 +225,12 @@ pub fn run(
                     verdicts.judge(held, move |verdict| judged(client, job, verdict, &metrics));
                     Ok(())
                 }
-                Pass::Now(event @ Event::Rejected { .. })
-                    if matches!(client.face, Face::Events(_)) =>
-                {
+                Pass::Now(event @ Event::Rejected { .. }) if client.caller => {
                     // A caller's error travels as an event, to be printed there.
                     if let Event::Rejected { error, .. } = &event {
                         metrics.answered(super::reply::status_of(error).as_u16());
                     }
-                    let _ = client.face.event(event);
+                    let _ = client.printer.event(event);
                     clients.remove(&job);
                     Ok(())
                 }
@@ -279,7 +243,10 @@ pub fn run(
                 }
                 Pass::Now(event @ Event::Done { .. }) => {
                     client.place.take();
-                    let printed = client.face.event(event).and_then(|()| client.face.finish());
+                    let printed = client
+                        .printer
+                        .event(event)
+                        .and_then(|()| client.printer.finish());
                     let client = clients.remove(&job);
                     match printed {
                         Ok(()) => {
@@ -294,7 +261,7 @@ pub fn run(
                 }
                 Pass::Now(event) => {
                     let token = matches!(event, Event::Token { .. });
-                    let printed = client.face.event(event);
+                    let printed = client.printer.event(event);
                     if token && printed.is_ok() {
                         let since = client.sent.unwrap_or(client.started);
                         metrics.token(client.sent.is_none(), since);
@@ -324,11 +291,11 @@ fn judged(mut client: Client, job: usize, verdict: Result<Vec<OwnedEvent>>, metr
         }
         Ok(events) => {
             client.place.take();
-            let face = &mut client.face;
+            let printer = &mut client.printer;
             let printed = events
                 .into_iter()
-                .try_for_each(|e| e.report(job, &mut |event| face.event(event)))
-                .and_then(|()| face.finish());
+                .try_for_each(|e| e.report(job, &mut |event| printer.event(event)))
+                .and_then(|()| printer.finish());
             let status = if printed.is_ok() { 200 } else { 499 };
             log(Some(client), status, metrics);
         }

@@ -98,9 +98,18 @@ pub fn completion(
 }
 
 impl<W: Write> ChatWriter<W> {
-    pub fn new(out: W, job: usize, model: &str, request: &Request, include_usage: bool) -> Self {
-        let mut header = ResponseHeader::new(model);
-        header.id = header.id.replacen("cmpl-", "chatcmpl-", 1);
+    /// Writes job `job`'s answer to `out` under `header` (its id as a
+    /// chat's: `chatcmpl-`).
+    pub fn new(
+        out: W,
+        job: usize,
+        mut header: ResponseHeader,
+        request: &Request,
+        include_usage: bool,
+    ) -> Self {
+        if !header.id.starts_with("chatcmpl-") {
+            header.id = header.id.replacen("cmpl-", "chatcmpl-", 1);
+        }
         let n = request.n as usize;
         ChatWriter {
             out,
@@ -435,7 +444,7 @@ mod tests {
     fn a_stream_sends_the_role_first_then_the_content_then_the_usage() {
         let mut out = Vec::new();
         let r = request(r#"{"prompt": "x", "stream": true, "logprobs": 1}"#);
-        let mut w = ChatWriter::new(&mut out, 0, "m", &r, true);
+        let mut w = ChatWriter::new(&mut out, 0, ResponseHeader::new("m"), &r, true);
         events(
             &mut w,
             &[("Hi", None), ("", None), ("!", Some(Finish::Eos))],
@@ -470,7 +479,7 @@ mod tests {
     fn a_whole_answer_is_one_chat_completion() {
         let mut out = Vec::new();
         let r = request(r#"{"prompt": "x"}"#);
-        let mut w = ChatWriter::new(&mut out, 0, "m", &r, false);
+        let mut w = ChatWriter::new(&mut out, 0, ResponseHeader::new("m"), &r, false);
         events(&mut w, &[]);
         let v: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["object"], "chat.completion");
@@ -490,7 +499,7 @@ mod tests {
             r#"{"messages": [{"role": "user", "content": "x"}], "stream": true,
             "tools": [{"type": "function", "function": {"name": "f"}}]}"#,
         );
-        let mut w = ChatWriter::new(&mut out, 0, "m", &r, false);
+        let mut w = ChatWriter::new(&mut out, 0, ResponseHeader::new("m"), &r, false);
         let pieces = [
             "Sure",
             ".\n\n``",

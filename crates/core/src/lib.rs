@@ -17,6 +17,7 @@ pub mod fields;
 pub mod gguf;
 pub mod grammar;
 pub mod model;
+pub mod print;
 pub mod printer;
 pub mod random;
 pub mod reasoning;
