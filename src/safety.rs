@@ -296,7 +296,11 @@ impl Verdicts {
 
     /// Judges a held job's answers, then hands `then` its events to report
     /// as they came, or its rejection (on the verdicts' thread).
-    pub fn judge(&self, held: Held, then: impl FnOnce(Result<Vec<OwnedEvent>>) + Send + 'static) {
+    pub fn judge(
+        &self,
+        held: Box<Held>,
+        then: impl FnOnce(Result<Vec<OwnedEvent>>) + Send + 'static,
+    ) {
         // Unasked (the thread gone), `then` is dropped unheard, and what it
         // would have answered hears its channel close.
         self.ask(Box::new(move |guards| then(held.judge(guards))));
@@ -339,7 +343,7 @@ pub enum Pass<'a> {
     /// Held until the job's verdict.
     Held,
     /// The job's end: its held events, to be judged ([`Verdicts::judge`]).
-    Judge(Held),
+    Judge(Box<Held>),
 }
 
 /// The guard step every face's events pass through (a backend's run
@@ -382,7 +386,7 @@ impl Step {
             }
             Event::Done { .. } => {
                 held.events.push(OwnedEvent::from(&event));
-                Pass::Judge(self.held.remove(&job).expect("looked up above"))
+                Pass::Judge(Box::new(self.held.remove(&job).expect("looked up above")))
             }
             _ => {
                 held.events.push(OwnedEvent::from(&event));
