@@ -31,7 +31,7 @@ pub enum Constraint {
     /// `auto`, an answer in words): set at the render, never by a flag.
     Tools {
         tools: crate::tools::Tools,
-        format: crate::tools::Format,
+        format: crate::family::Format,
     },
 }
 

@@ -13,6 +13,7 @@ pub mod chat_body;
 pub mod chat_printer;
 pub mod constraint;
 pub mod error;
+pub mod family;
 pub mod fields;
 pub mod gguf;
 pub mod grammar;

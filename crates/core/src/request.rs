@@ -3,10 +3,11 @@
 
 use crate::constraint::{self, Constraint};
 use crate::error::{CmplError, Result};
+use crate::family::Format;
 use crate::fields::*;
 use crate::reasoning::{self, Reasoning};
 use crate::template::{self, Message, Specials};
-use crate::tools::{Choice, Format, Tools};
+use crate::tools::{Choice, Tools};
 use serde_json::{Map, Value};
 
 /// Defaults for fields the request leaves out (documented in `--help` and the man page).
@@ -704,14 +705,9 @@ impl Request {
             return Ok(());
         };
         let format = Format::of(source);
-        let mapped;
-        let messages = match format {
-            Format::Mistral => {
-                mapped = crate::tools::mistral_ids(&chat.messages);
-                &mapped
-            }
-            _ => &chat.messages,
-        };
+        let family = format.family();
+        let mapped = family.conversation(&chat.messages);
+        let messages = mapped.as_ref().unwrap_or(&chat.messages);
         let job = template::Job::new(source, messages, specials, limit)
             .thinking(chat.think.or(chat.reasoning_budget.map(|_| true)));
         let rendered = match &chat.tools {
@@ -728,9 +724,7 @@ impl Request {
                 }
                 if tools.choice != Choice::None {
                     let mut tools = tools.clone();
-                    // Llama 3's templates take one call a turn (they raise
-                    // on more), so its model is held to one.
-                    tools.parallel &= format != Format::Llama3;
+                    tools.parallel &= !family.one_call_a_turn();
                     self.constraint = Some(Constraint::Tools { tools, format });
                 }
                 with

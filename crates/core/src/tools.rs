@@ -1,8 +1,8 @@
 //! Tool calls (function calling): a chat's `tools`, `tool_choice` and
-//! `parallel_tool_calls`, checked and bounded; the call format of the
-//! model's family, read from its template; and a finished answer read back
-//! into the API's `tool_calls`. The engine constrains the answer to that
-//! format while decoding (`engine/tool_grammar.rs`), so a call always reads.
+//! `parallel_tool_calls`, checked and bounded; and a finished answer read
+//! back into the API's `tool_calls`. How each model family writes its calls
+//! is its file in `family`; the engine holds the answer to that family's
+//! grammar while decoding (`family::lark`), so a call always reads.
 
 use crate::api::{FunctionCall, ToolCall};
 use crate::error::{CmplError, Result};
@@ -227,54 +227,6 @@ fn read_choice(v: &Value, list: &[Tool]) -> Result<Choice> {
     }
 }
 
-/// How a family writes its calls, as its template shows them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Format {
-    /// `<tool_call>{"name", "arguments"}</tool_call>`, each call: Hermes,
-    /// Qwen 2.5 and Qwen 3.
-    Hermes,
-    /// `{"name", "parameters"}`, bare JSON: Llama 3.1 to 3.3.
-    Llama3,
-    /// `[TOOL_CALLS][{"name", "arguments"}, …]`: Mistral's.
-    Mistral,
-    /// `{"name", "arguments"}`, bare JSON: a template that reads `tools`
-    /// and shows no format of its own.
-    Generic,
-}
-
-impl Format {
-    /// The format `template` asks its model for.
-    pub fn of(template: &str) -> Format {
-        if template.contains("<tool_call>") {
-            Format::Hermes
-        } else if template.contains("[TOOL_CALLS]") {
-            Format::Mistral
-        } else if template.contains("<|python_tag|>") || template.contains("\"parameters\": ") {
-            Format::Llama3
-        } else {
-            Format::Generic
-        }
-    }
-
-    /// The key a call's arguments go under.
-    pub fn arguments_key(self) -> &'static str {
-        match self {
-            Format::Llama3 => "parameters",
-            _ => "arguments",
-        }
-    }
-
-    /// The text that opens each call (Hermes) or the list of calls
-    /// (Mistral), and the text that closes it.
-    pub fn wrapper(self) -> Option<(&'static str, &'static str)> {
-        match self {
-            Format::Hermes => Some(("<tool_call>", "</tool_call>")),
-            Format::Mistral => Some(("[TOOL_CALLS]", "")),
-            Format::Llama3 | Format::Generic => None,
-        }
-    }
-}
-
 /// One call as an answer carries it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Call {
@@ -289,13 +241,7 @@ pub struct Call {
 /// short (a call's JSON that does not parse whole).
 pub fn read_calls(text: &str, tools: &Tools) -> Option<Vec<Call>> {
     let mut text = text.to_string();
-    for wrapper in [
-        "<tool_call>",
-        "</tool_call>",
-        "[TOOL_CALLS]",
-        "```json",
-        "```",
-    ] {
+    for wrapper in crate::family::wrappers() {
         text = text.replace(wrapper, " ");
     }
     let text = text.trim();
@@ -327,12 +273,6 @@ pub fn read_calls(text: &str, tools: &Tools) -> Option<Vec<Call>> {
     calls.filter(|c| !c.is_empty() && (tools.parallel || c.len() == 1))
 }
 
-/// What opens calls after words, in any family: a JSON code block, or a
-/// family's wrapper. Under `auto` the constraint keeps them out of words
-/// except as the start of calls, so the first one found is where calls
-/// begin.
-pub const OPENINGS: [&str; 3] = ["```json", "<tool_call>", "[TOOL_CALLS]"];
-
 /// An answer read as OpenAI answers it: the words before its calls (none
 /// where it opens as a call; trailing blank space dropped) and the calls;
 /// `None` for words alone, or calls that do not read whole.
@@ -348,18 +288,23 @@ pub fn read_answer(text: &str, tools: &Tools) -> Option<(Option<String>, Vec<Cal
 
 /// Where the first call opening after words is, in `text`.
 pub fn opening_at(text: &str) -> Option<usize> {
-    OPENINGS.iter().filter_map(|o| text.find(o)).min()
+    crate::family::openings()
+        .iter()
+        .filter_map(|o| text.find(o))
+        .min()
 }
 
 /// How much of words written so far may be shown: all but trailing blank
 /// space and an end that may begin a call opening (`` ` ``, `<tool_`), held
 /// until the next text tells.
 pub fn words_shown(text: &str) -> usize {
-    let partial = (1..=text.len().min(11))
+    let openings = crate::family::openings();
+    let longest = openings.iter().map(|o| o.len()).max().unwrap_or(1);
+    let partial = (1..=text.len().min(longest - 1))
         .rev()
         .find(|&k| {
             text.is_char_boundary(text.len() - k)
-                && OPENINGS
+                && openings
                     .iter()
                     .any(|o| o.len() > k && o.starts_with(&text[text.len() - k..]))
         })
@@ -374,49 +319,6 @@ pub fn call_id() -> String {
         crate::random::u64(),
         crate::random::u64() as u32
     )
-}
-
-/// A conversation's call ids as Mistral's templates take them: nine
-/// letters and digits (they raise on any other, and the API's are
-/// `call_…`). Each other id becomes nine characters of its hash, the same
-/// for a call and the `tool` message that answers it.
-pub fn mistral_ids(messages: &[crate::template::Message]) -> Vec<crate::template::Message> {
-    let nine = |id: &str| -> String {
-        if id.len() == 9 && id.bytes().all(|b| b.is_ascii_alphanumeric()) {
-            return id.to_string();
-        }
-        // FNV-1a: stable across runs and machines, unlike std's hasher.
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in id.bytes() {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-        const DIGITS: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
-        (0..9)
-            .map(|_| {
-                let d = DIGITS[(h % 62) as usize] as char;
-                h /= 62;
-                d
-            })
-            .collect()
-    };
-    messages
-        .iter()
-        .map(|m| {
-            let mut m = m.clone();
-            if let Some(id) = &m.tool_call_id {
-                m.tool_call_id = Some(nine(id));
-            }
-            if let Some(Value::Array(calls)) = &mut m.tool_calls {
-                for call in calls {
-                    if let Some(Value::String(id)) = call.get("id") {
-                        let mapped = nine(id);
-                        call["id"] = Value::String(mapped);
-                    }
-                }
-            }
-            m
-        })
-        .collect()
 }
 
 /// A call as the API answers it, with an id of its own.
@@ -491,29 +393,6 @@ mod tests {
         json!([{"type": "function", "function": {"name": "get_weather",
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
                {"type": "function", "function": {"name": "get_time"}}])
-    }
-
-    #[test]
-    fn mistral_ids_are_nine_letters_and_digits_the_same_for_a_call_and_its_answer() {
-        use crate::template::Message;
-        let mut call = Message::new("assistant", "");
-        call.tool_calls = Some(
-            json!([{"id": "call_0123456789abcdef01234567", "type": "function",
-            "function": {"name": "f", "arguments": {}}}]),
-        );
-        let mut answer = Message::new("tool", "12");
-        answer.tool_call_id = Some("call_0123456789abcdef01234567".into());
-        let mut kept = Message::new("tool", "13");
-        kept.tool_call_id = Some("a1B2c3D4e".into());
-        let mapped = mistral_ids(&[call, answer, kept]);
-        let id = mapped[0].tool_calls.as_ref().unwrap()[0]["id"]
-            .as_str()
-            .unwrap()
-            .to_string();
-        assert_eq!(id.len(), 9);
-        assert!(id.bytes().all(|b| b.is_ascii_alphanumeric()), "{id}");
-        assert_eq!(mapped[1].tool_call_id.as_deref(), Some(id.as_str()));
-        assert_eq!(mapped[2].tool_call_id.as_deref(), Some("a1B2c3D4e"));
     }
 
     #[test]
@@ -633,13 +512,7 @@ mod tests {
     }
 
     #[test]
-    fn formats_are_read_from_templates_and_arguments_parsed_for_them() {
-        assert_eq!(Format::of("{{- '<tool_call>\\n' }}"), Format::Hermes);
-        assert_eq!(Format::of("[TOOL_CALLS]"), Format::Mistral);
-        assert_eq!(
-            Format::of("{% for t in tools %}{{ t | tojson }}{% endfor %}"),
-            Format::Generic
-        );
+    fn arguments_are_parsed_for_templates() {
         let calls = json!([{"id": "c1", "type": "function",
             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]);
         let v = for_template(&calls, "messages[1].tool_calls").unwrap();

@@ -243,10 +243,10 @@ impl Guides {
             }
             Constraint::Tools { tools, format } => {
                 let trie = self.env.tok_trie();
-                TopLevelGrammar::from_lark(crate::tool_grammar::lark(
+                TopLevelGrammar::from_lark(cmpl_core::family::lark(
                     tools,
                     *format,
-                    |text| trie.get_special_token(text),
+                    &|text| trie.get_special_token(text),
                     bounds::close_objects,
                 ))
             }
@@ -570,7 +570,8 @@ pub(crate) mod tests {
 
     #[test]
     fn under_auto_calls_may_follow_words_and_words_hold_no_opening() {
-        use cmpl_core::tools::{Format, Tools};
+        use cmpl_core::family::Format;
+        use cmpl_core::tools::Tools;
         let given = json!([{"type": "function", "function": {"name": "f",
             "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}]);
         let tools = Tools::from_fields(Some(&given), None, None)
@@ -600,7 +601,8 @@ pub(crate) mod tests {
 
     #[test]
     fn a_wrapper_that_is_a_special_token_opens_calls_by_its_id() {
-        use cmpl_core::tools::{Format, Tools};
+        use cmpl_core::family::Format;
+        use cmpl_core::tools::Tools;
         // Mistral's `[TOOL_CALLS]` and Qwen's `<tool_call>` as special
         // tokens: llguidance reads `<[…]>` as ids, so a name in square
         // brackets can only be written by its number.

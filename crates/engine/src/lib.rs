@@ -30,7 +30,6 @@ mod sampler;
 mod scheduler;
 mod state;
 mod tokens;
-mod tool_grammar;
 mod vector;
 
 pub use admit::Arrival;

@@ -1,0 +1,17 @@
+//! Hermes, Qwen 2.5 and Qwen 3: each call a JSON object on its own line
+//! inside `<tool_call>` and `</tool_call>` (one special token each in
+//! Qwen's vocabulary).
+
+use super::Family;
+
+pub struct Hermes;
+
+impl Family for Hermes {
+    fn recognises(&self, template: &str) -> bool {
+        template.contains("<tool_call>")
+    }
+
+    fn wrapper(&self) -> Option<(&'static str, &'static str)> {
+        Some(("<tool_call>", "</tool_call>"))
+    }
+}
