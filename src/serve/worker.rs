@@ -337,3 +337,31 @@ fn log(client: Option<Client>, status: u16, metrics: &Metrics) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_channel_sends_what_it_holds_at_each_flush_and_a_gone_client_is_a_broken_pipe() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut channel = Channel {
+            tx,
+            buf: Vec::new(),
+        };
+        channel.write_all(b"data: a\n\n").unwrap();
+        assert!(rx.try_recv().is_err(), "nothing is sent before a flush");
+        channel.flush().unwrap();
+        // An empty flush sends nothing: the body's chunks are the printer's.
+        channel.flush().unwrap();
+        match rx.try_recv() {
+            Ok(Out::Bytes(bytes)) => assert_eq!(&bytes[..], b"data: a\n\n"),
+            _ => panic!("the bytes are sent whole at the flush"),
+        }
+        assert!(rx.try_recv().is_err());
+        drop(rx);
+        channel.write_all(b"data: b\n\n").unwrap();
+        let gone = channel.flush().unwrap_err();
+        assert_eq!(gone.kind(), std::io::ErrorKind::BrokenPipe);
+    }
+}
