@@ -525,3 +525,377 @@ fn carry(socket: &Path, job: usize, body: &[u8], tx: &mpsc::Sender<(usize, Heard
         (false, _) => Heard::Lost("it closed the connection without an answer".into()),
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::JobResult;
+    use crate::models::Finder;
+    use crate::request::RawRequest;
+    use serde_json::json;
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::net::UnixListener;
+    use std::thread::JoinHandle;
+
+    /// Load settings as the faces resolve them by default.
+    fn settings() -> RunSettings {
+        RunSettings {
+            repack: true,
+            prefix_cache: true,
+            ..RunSettings::default()
+        }
+    }
+
+    /// A socket closed to others, as a resident's is.
+    fn private_socket(dir: &Path) -> (PathBuf, UnixListener) {
+        let path = dir.join("r.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        (path, listener)
+    }
+
+    /// A resident that answers its next connections with `replies` in turn
+    /// (raw HTTP, then it hangs up); the thread gives back the bodies asked.
+    fn fake(listener: UnixListener, replies: Vec<Vec<u8>>) -> JoinHandle<Vec<String>> {
+        std::thread::spawn(move || {
+            let mut asked = Vec::new();
+            for reply in replies {
+                let (stream, _) = listener.accept().unwrap();
+                let mut reader = std::io::BufReader::new(stream);
+                let mut length = 0;
+                loop {
+                    let mut line = String::new();
+                    reader.read_line(&mut line).unwrap();
+                    if line.trim().is_empty() {
+                        break;
+                    }
+                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                        length = v.trim().parse().unwrap();
+                    }
+                }
+                let mut body = vec![0; length];
+                reader.read_exact(&mut body).unwrap();
+                asked.push(String::from_utf8(body).unwrap());
+                reader.get_mut().write_all(&reply).unwrap();
+            }
+            asked
+        })
+    }
+
+    fn reply(status: &str, body: &str) -> Vec<u8> {
+        format!(
+            "HTTP/1.1 {status}\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes()
+    }
+
+    /// An answer of event lines, chunked as hyper sends a stream.
+    fn streamed(lines: &[String]) -> Vec<u8> {
+        let mut out = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        for line in lines {
+            out.extend(format!("{:x}\r\n{line}\r\n", line.len()).bytes());
+        }
+        out.extend(b"0\r\n\r\n");
+        out
+    }
+
+    fn started() -> OwnedEvent {
+        OwnedEvent::Started {
+            prompt: None,
+            seeds: vec![Some(5)],
+            rendered: None,
+        }
+    }
+
+    fn done() -> OwnedEvent {
+        OwnedEvent::Done {
+            result: JobResult {
+                prompt_tokens: 3,
+                completion_tokens: 0,
+                prompt: None,
+                choices: Vec::new(),
+                drafts: Default::default(),
+                reused: 0,
+            },
+        }
+    }
+
+    fn value(event: &OwnedEvent) -> serde_json::Value {
+        serde_json::to_value(event).unwrap()
+    }
+
+    /// What `carry` reports for one request answered by `answer`, the
+    /// connection itself left out.
+    fn carried(answer: Vec<u8>) -> Vec<Heard> {
+        let dir = tempfile::tempdir().unwrap();
+        let (socket, listener) = private_socket(dir.path());
+        let server = fake(listener, vec![answer]);
+        let (tx, rx) = mpsc::channel();
+        carry(&socket, 3, b"{}", &tx);
+        drop(tx);
+        assert_eq!(server.join().unwrap(), ["{}"]);
+        let heard: Vec<(usize, Heard)> = rx.into_iter().collect();
+        assert!(heard.iter().all(|(job, _)| *job == 3));
+        let mut heard = heard.into_iter().map(|(_, h)| h);
+        assert!(matches!(heard.next(), Some(Heard::Connected(_))));
+        heard.collect()
+    }
+
+    fn failure(heard: &[Heard]) -> &CmplError {
+        match heard {
+            [Heard::Failed(e)] => e,
+            _ => panic!("not one failure"),
+        }
+    }
+
+    #[test]
+    fn a_resident_is_started_with_every_load_setting_given() {
+        assert_eq!(load_flags(&settings()), ["--parallel=4"]);
+        let all = RunSettings {
+            threads: Some(8),
+            n_gpu_layers: Some(99),
+            rpc: vec!["h1:50052".into(), "h2:50052".into()],
+            ctx_size: Some(4096),
+            parallel: Some(2),
+            repack: false,
+            lookup: Some(3),
+            prefix_cache: false,
+            deterministic: true,
+            ..RunSettings::default()
+        };
+        assert_eq!(
+            load_flags(&all),
+            [
+                "--parallel=2",
+                "--threads=8",
+                "--ctx-size=8192",
+                "--n-gpu-layers=99",
+                "--lookup=3",
+                "--rpc=h1:50052,h2:50052",
+                "--no-repack",
+                "--no-prefix-cache",
+                "--deterministic",
+            ]
+        );
+    }
+
+    #[test]
+    fn each_slot_gets_the_callers_context_without_overflowing() {
+        let with = |ctx_size, parallel| RunSettings {
+            ctx_size: Some(ctx_size),
+            parallel,
+            ..settings()
+        };
+        // Without --parallel, the default slots each get it.
+        assert_eq!(
+            load_flags(&with(1000, None)),
+            ["--parallel=4", "--ctx-size=4000"]
+        );
+        assert_eq!(
+            load_flags(&with(u32::MAX, Some(2))),
+            ["--parallel=2", "--ctx-size=4294967295"]
+        );
+    }
+
+    #[test]
+    fn an_error_line_becomes_the_error_it_carries() {
+        let line = r#"{"error": {"type": "context_length_exceeded", "message": "too long", "param": "max_tokens"}}"#;
+        let e = error_data(&format!("  {line}\n")).unwrap();
+        assert_eq!(e.kind, ErrorKind::ContextLength);
+        assert_eq!(e.message, "too long");
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
+        // An unknown type is an internal error; no param is none.
+        let e = error_data(r#"{"error": {"type": "teapot", "message": "m"}}"#).unwrap();
+        assert_eq!((e.kind, e.param), (ErrorKind::Internal, None));
+    }
+
+    #[test]
+    fn a_line_that_is_not_an_error_carries_none() {
+        for line in [
+            "",
+            "ready",
+            r#"{"event": "started"}"#,
+            r#"{"error": "text"}"#,
+            r#"{"error": {"message": "no type"}}"#,
+            r#"{"error": {"type": "model_error"}}"#,
+        ] {
+            assert!(error_data(line).is_none(), "{line}");
+        }
+    }
+
+    #[test]
+    fn an_answer_is_reported_event_by_event_and_ends_whole() {
+        let lines = [wire::line(&started()), wire::line(&done())];
+        let heard = carried(streamed(&lines));
+        let [Heard::Said(a), Heard::Said(b), Heard::Ended] = &heard[..] else {
+            panic!("not two events and an end");
+        };
+        assert_eq!(value(a), value(&started()));
+        assert_eq!(value(b), value(&done()));
+    }
+
+    #[test]
+    fn a_rejection_alone_is_a_whole_answer() {
+        let rejected = OwnedEvent::Rejected {
+            error: CmplError::invalid("n", "too many"),
+        };
+        let heard = carried(reply("200 OK", &wire::line(&rejected)));
+        assert!(matches!(
+            &heard[..],
+            [Heard::Said(OwnedEvent::Rejected { error }), Heard::Ended] if error.message == "too many"
+        ));
+    }
+
+    #[test]
+    fn a_busy_resident_is_asked_again() {
+        let heard = carried(reply("503 Service Unavailable", "{}"));
+        assert!(matches!(&heard[..], [Heard::Busy]));
+    }
+
+    #[test]
+    fn a_refusal_is_the_error_the_resident_gave() {
+        let body =
+            r#"{"error": {"type": "invalid_request_error", "message": "bad n", "param": "n"}}"#;
+        let heard = carried(reply("400 Bad Request", body));
+        let e = failure(&heard);
+        assert_eq!(e.kind, ErrorKind::InvalidRequest);
+        assert_eq!(
+            (e.message.as_str(), e.param.as_deref()),
+            ("bad n", Some("n"))
+        );
+        let heard = carried(reply("500 Internal Server Error", "oops"));
+        let e = failure(&heard);
+        assert_eq!(e.kind, ErrorKind::Internal);
+        assert_eq!(e.message, "the resident answered 500: oops");
+    }
+
+    #[test]
+    fn an_answer_cut_short_fails_the_run() {
+        // Events, but no end: the resident died mid-answer.
+        let heard = carried(streamed(&[wire::line(&started())]));
+        let [Heard::Said(_), Heard::Failed(e)] = &heard[..] else {
+            panic!("not an event and a failure");
+        };
+        assert_eq!(e.kind, ErrorKind::Unavailable);
+        assert!(e
+            .message
+            .starts_with("the resident stopped before its answer was whole"));
+        // A line without its end.
+        let heard = carried(reply("200 OK", r#"{"event": "started""#));
+        assert_eq!(
+            failure(&heard).message,
+            "the resident's answer ended mid-line"
+        );
+        // A line that is no event.
+        let heard = carried(reply("200 OK", "hello\n"));
+        let e = failure(&heard);
+        assert!(e
+            .message
+            .starts_with("the resident said what this cmpl cannot read"));
+    }
+
+    #[test]
+    fn an_answer_without_any_event_is_asked_again_elsewhere() {
+        let heard = carried(reply("200 OK", ""));
+        assert!(matches!(
+            &heard[..],
+            [Heard::Lost(why)] if why == "it closed the connection without an answer"
+        ));
+    }
+
+    #[test]
+    fn a_socket_nobody_listens_on_loses_the_request_before_connecting() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, rx) = mpsc::channel();
+        carry(&dir.path().join("none.sock"), 1, b"{}", &tx);
+        drop(tx);
+        let heard: Vec<_> = rx.into_iter().collect();
+        assert!(matches!(&heard[..], [(1, Heard::Lost(_))]));
+    }
+
+    #[test]
+    fn a_socket_is_used_only_when_it_answers_as_a_resident() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(find(&dir.path().join("none.sock")), Found::Absent));
+        let file = dir.path().join("file.sock");
+        std::fs::write(&file, "").unwrap();
+        assert!(matches!(find(&file), Found::Foreign(why) if why.ends_with("is not a socket")));
+
+        let (socket, listener) = private_socket(dir.path());
+        let status = r#"{"pid": 42, "slots": 2, "requests": 0}"#;
+        let answers = vec![
+            reply("200 OK", status),
+            reply("200 OK", "<html>"),
+            reply("404 Not Found", ""),
+        ];
+        let server = fake(listener, answers);
+        assert!(
+            matches!(find(&socket), Found::Up(v) if v == json!({"pid": 42, "slots": 2, "requests": 0}))
+        );
+        assert!(matches!(find(&socket), Found::Foreign(why) if why == "its status is not JSON"));
+        assert!(
+            matches!(find(&socket), Found::Foreign(why) if why.ends_with("answered its status with 404"))
+        );
+        server.join().unwrap();
+        // Its listener gone, the file left behind: refused, so absent.
+        assert!(matches!(find(&socket), Found::Absent));
+        // Open to others: never connected to.
+        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(
+            matches!(find(&socket), Found::Foreign(why) if why.ends_with("is open to other users"))
+        );
+    }
+
+    #[test]
+    fn a_run_asks_again_when_busy_and_rejects_another_model_here() {
+        let dir = tempfile::tempdir().unwrap();
+        let (socket, listener) = private_socket(dir.path());
+        let answer = streamed(&[wire::line(&started()), wire::line(&done())]);
+        let server = fake(listener, vec![reply("503 Service Unavailable", ""), answer]);
+        let resident = Resident {
+            socket,
+            model: ModelRef {
+                name: "here".into(),
+                path: dir.path().join("here.gguf"),
+                finder: Finder(|_| None),
+            },
+            runtime: settings(),
+            keep_alive: Duration::from_secs(1),
+            slots: 1,
+        };
+        let request = |body: &str| {
+            Request::validate(&RawRequest::from_json(body, "the test").unwrap()).unwrap()
+        };
+        let requests = vec![
+            request(r#"{"prompt": "a", "model": "here"}"#),
+            request(r#"{"prompt": "b", "model": "elsewhere"}"#),
+        ];
+        let mut said = Vec::new();
+        resident
+            .run(
+                requests,
+                &RunOptions::default(),
+                &AtomicBool::new(false),
+                &mut |event| {
+                    said.push((event.job(), value(&OwnedEvent::from(&event))));
+                    Ok(())
+                },
+            )
+            .unwrap();
+        // Asked twice, the model's name left out: the resident has one.
+        let asked = server.join().unwrap();
+        assert_eq!(asked.len(), 2);
+        assert_eq!(asked[0], asked[1]);
+        let ask: serde_json::Value = serde_json::from_str(&asked[0]).unwrap();
+        assert_eq!(ask["request"]["prompt"], "a");
+        assert_eq!(ask["request"]["model"], serde_json::Value::Null);
+        assert_eq!(ask["token_logprobs"], false);
+        assert_eq!(said.len(), 3);
+        assert_eq!(said[0].0, 1);
+        assert_eq!(said[0].1["event"], "rejected");
+        assert_eq!(said[0].1["error"]["param"], "model");
+        assert_eq!(said[1..], [(0, value(&started())), (0, value(&done()))]);
+    }
+}

@@ -50,7 +50,11 @@ pub fn connection_limit() -> usize {
         }
         limit.rlim_cur
     };
-    let fds = fds as usize;
+    connections_for(fds as usize)
+}
+
+/// Connections open at once with `fds` descriptors.
+fn connections_for(fds: usize) -> usize {
     fds.saturating_sub(RESERVED_FDS.min(fds / 4))
         .clamp(1, MAX_CONNECTIONS)
 }
@@ -248,5 +252,127 @@ pub async fn serve(
     match tokio::time::timeout(drain, graceful.shutdown()).await {
         Ok(()) => Ok(Stop::Drained),
         Err(_) => Ok(Stop::DrainExpired),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+
+    /// Runs `f` where tokio's sockets can be made.
+    fn in_runtime<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+
+    #[test]
+    fn connections_leave_descriptors_for_the_rest_of_the_server() {
+        // A quarter kept where the limit is small, 64 above 256.
+        assert_eq!(connections_for(20), 15);
+        assert_eq!(connections_for(100), 75);
+        assert_eq!(connections_for(256), 192);
+        assert_eq!(connections_for(1024), 960);
+        assert_eq!(connections_for(4000), 3936);
+    }
+
+    #[test]
+    fn connections_are_at_least_one_and_at_most_the_cap() {
+        assert_eq!(connections_for(0), 1);
+        assert_eq!(connections_for(1), 1);
+        assert_eq!(connections_for(3), 3);
+        assert_eq!(
+            connections_for(MAX_CONNECTIONS + RESERVED_FDS),
+            MAX_CONNECTIONS
+        );
+        assert_eq!(connections_for(1 << 20), MAX_CONNECTIONS);
+    }
+
+    #[test]
+    fn the_connection_limit_follows_the_raised_descriptor_limit() {
+        let limit = connection_limit();
+        let mut now = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes the struct given.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut now) }, 0);
+        // Raised to the hard limit, as far as the connections need.
+        let wanted = now
+            .rlim_max
+            .min((MAX_CONNECTIONS + RESERVED_FDS * 2) as u64);
+        assert!(now.rlim_cur >= wanted);
+        assert_eq!(limit, connections_for(now.rlim_cur as usize));
+        assert_eq!(connection_limit(), limit);
+    }
+
+    #[test]
+    fn a_unix_socket_is_this_users_alone_from_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.sock");
+        let listen = Listen::Unix(path.clone());
+        in_runtime(async {
+            let listener = Listener::bind(&listen).unwrap();
+            let m = std::fs::symlink_metadata(&path).unwrap();
+            assert!(m.file_type().is_socket());
+            assert_eq!(m.permissions().mode() & 0o777, 0o600);
+            assert_eq!(listener.shown(&listen), format!("unix:{}", path.display()));
+            // This user's own connection is taken.
+            let _peer = std::os::unix::net::UnixStream::connect(&path).unwrap();
+            assert!(listener.accept().await.is_some());
+            listener.close();
+        });
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn a_socket_another_resident_took_over_is_left_on_close() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.sock");
+        in_runtime(async {
+            let listener = Listener::bind(&Listen::Unix(path.clone())).unwrap();
+            std::fs::remove_file(&path).unwrap();
+            let _other = std::os::unix::net::UnixListener::bind(&path).unwrap();
+            let theirs = std::fs::symlink_metadata(&path).unwrap().ino();
+            listener.close();
+            assert_eq!(std::fs::symlink_metadata(&path).unwrap().ino(), theirs);
+        });
+    }
+
+    #[test]
+    fn a_tcp_listener_shows_the_port_it_bound() {
+        let listen = Listen::Tcp("127.0.0.1:0".parse().unwrap());
+        in_runtime(async {
+            let listener = Listener::bind(&listen).unwrap();
+            let Listener::Tcp(l) = &listener else {
+                panic!("not TCP");
+            };
+            let port = l.local_addr().unwrap().port();
+            assert_ne!(port, 0);
+            assert_eq!(
+                listener.shown(&listen),
+                format!("http://127.0.0.1:{port}/v1")
+            );
+            let _peer = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            assert!(listener.accept().await.is_some());
+        });
+    }
+
+    #[test]
+    fn a_place_that_cannot_be_bound_says_where() {
+        let listen = Listen::Unix("/nonexistent-cmpl-dir/r.sock".into());
+        let Err(e) = in_runtime(async { Listener::bind(&listen) }) else {
+            panic!("bound");
+        };
+        assert_eq!(e.kind, ErrorKind::Unavailable);
+        assert!(
+            e.message
+                .starts_with("cannot listen on unix:/nonexistent-cmpl-dir/r.sock: "),
+            "{}",
+            e.message
+        );
     }
 }

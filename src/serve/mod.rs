@@ -72,16 +72,7 @@ pub fn run(
     opts: &ServeOptions,
 ) -> Result<()> {
     let key = auth::api_key()?;
-    if let Listen::Tcp(addr) = opts.listen {
-        if !addr.ip().is_loopback() && key.is_none() {
-            return Err(CmplError::invalid(
-                "serve",
-                format!(
-                    "--serve {addr} is reachable from other machines, so it needs an API key: set CMPL_API_KEY (or CMPL_API_KEY_FILE), or serve on 127.0.0.1"
-                ),
-            ));
-        }
-    }
+    keyed_if_reachable(&opts.listen, key.is_some())?;
     let connections = listen::connection_limit();
     let (submit, submissions) = mpsc::channel();
     let parallel = engine.serve_slots(opts.parallel, opts.ctx_size);
@@ -186,6 +177,21 @@ pub fn run(
     }
 }
 
+/// A server other machines can reach must have an API key.
+fn keyed_if_reachable(listen: &Listen, keyed: bool) -> Result<()> {
+    if let Listen::Tcp(addr) = listen {
+        if !addr.ip().is_loopback() && !keyed {
+            return Err(CmplError::invalid(
+                "serve",
+                format!(
+                    "--serve {addr} is reachable from other machines, so it needs an API key: set CMPL_API_KEY (or CMPL_API_KEY_FILE), or serve on 127.0.0.1"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The load settings, as `--ps` shows them.
 fn settings(r: &crate::options::RunSettings, opts: &ServeOptions, parallel: u32) -> String {
     let shown = |v: Option<u32>| v.map_or_else(|| "default".to_string(), |v| v.to_string());
@@ -229,4 +235,107 @@ enum Stop {
     DrainExpired,
     /// The decode loop ended on its own: nothing can be answered.
     EngineEnded,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::options::RunSettings;
+
+    /// A server's options as the face resolves them, on `listen`.
+    pub(super) fn serve_options(listen: Listen, trust_request_templates: bool) -> ServeOptions {
+        ServeOptions {
+            listen,
+            parallel: None,
+            ctx_size: None,
+            strict_model: false,
+            trust_request_templates,
+            drain: Duration::from_secs(1),
+            keep_alive: None,
+            queue_memory: None,
+            queue_timeout: Duration::from_secs(1),
+            compat: Default::default(),
+            ready_pipe: false,
+        }
+    }
+
+    fn tcp(addr: &str) -> Listen {
+        Listen::Tcp(addr.parse().unwrap())
+    }
+
+    #[test]
+    fn only_this_machine_is_served_without_a_key() {
+        for listen in [
+            tcp("127.0.0.1:8080"),
+            tcp("127.0.0.2:0"),
+            tcp("[::1]:8080"),
+            Listen::Unix("/tmp/r.sock".into()),
+        ] {
+            assert!(keyed_if_reachable(&listen, false).is_ok(), "{listen}");
+        }
+        for addr in ["0.0.0.0:8080", "[::]:8080", "192.168.1.5:80"] {
+            let e = keyed_if_reachable(&tcp(addr), false).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::InvalidRequest);
+            assert_eq!(e.param.as_deref(), Some("serve"));
+            let said = format!("--serve {addr} is reachable from other machines");
+            assert!(e.message.starts_with(&said), "{}", e.message);
+            assert!(keyed_if_reachable(&tcp(addr), true).is_ok());
+        }
+    }
+
+    #[test]
+    fn ps_shows_the_load_settings_left_to_their_defaults() {
+        let r = RunSettings {
+            repack: true,
+            prefix_cache: true,
+            ..RunSettings::default()
+        };
+        let opts = serve_options(tcp("127.0.0.1:0"), false);
+        assert_eq!(
+            settings(&r, &opts, 4),
+            "slots 4, ctx default, threads default, ngl default, lookup default"
+        );
+    }
+
+    #[test]
+    fn ps_shows_every_load_setting_given() {
+        let r = RunSettings {
+            threads: Some(8),
+            n_gpu_layers: Some(99),
+            rpc: vec!["h1:1".into(), "h2:2".into()],
+            // The server's own context is what it holds, not a run's.
+            ctx_size: Some(1),
+            lookup: Some(3),
+            repack: false,
+            prefix_cache: false,
+            deterministic: true,
+            ..RunSettings::default()
+        };
+        let opts = ServeOptions {
+            ctx_size: Some(8192),
+            ..serve_options(tcp("127.0.0.1:0"), false)
+        };
+        assert_eq!(
+            settings(&r, &opts, 2),
+            "slots 2, ctx 8192, threads 8, ngl 99, lookup 3, rpc h1:1,h2:2, no-repack, no-prefix-cache, deterministic"
+        );
+    }
+
+    #[test]
+    fn the_decode_loops_outcome_is_the_servers() {
+        assert!(join(std::thread::spawn(|| Ok(()))).is_ok());
+        let failed = join(std::thread::spawn(|| {
+            Err(CmplError::new(ErrorKind::Model, "out of memory"))
+        }))
+        .unwrap_err();
+        assert_eq!(failed.kind, ErrorKind::Model);
+        assert_eq!(failed.message, "out of memory");
+    }
+
+    #[test]
+    fn a_decode_loop_that_panicked_is_an_internal_error() {
+        let e = join(std::thread::spawn(|| panic!("on purpose"))).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Internal);
+        assert_eq!(e.message, "the decode loop panicked");
+    }
 }

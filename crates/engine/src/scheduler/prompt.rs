@@ -651,7 +651,25 @@ impl Run<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::shares;
+    use super::{scored, shares, Prefill, Prompted};
+    use crate::Job;
+    use cmpl_core::request::{RawRequest, Request};
+    use llama_cpp_2::token::LlamaToken;
+
+    /// A job of `n_tokens` prompt tokens for `body`, as prepare makes it
+    /// (no model needed: nothing here reads the tokens' meaning).
+    fn job(body: &str, n_tokens: i32, token_logprob: bool) -> Job {
+        let raw = RawRequest::from_json(body, "the test").unwrap();
+        let request = Request::validate(&raw).unwrap();
+        Job {
+            seeds: vec![7; request.n as usize],
+            budget: request.max_tokens,
+            tokens: (0..n_tokens).map(LlamaToken).collect(),
+            request,
+            guide: None,
+            token_logprob,
+        }
+    }
 
     #[test]
     fn the_oldest_prompt_always_moves_and_short_ones_go_in_whole() {
@@ -672,5 +690,78 @@ mod tests {
             assert!(takes.iter().sum::<usize>() <= room);
             assert!(takes.iter().zip(&lefts).all(|(t, l)| t <= l));
         }
+    }
+
+    #[test]
+    fn the_oldest_prompt_takes_all_the_room_it_can_use_when_it_is_shortest() {
+        // Its quarter first, then the rest as the shortest.
+        assert_eq!(shares(&[10, 1000], 8), [8, 0]);
+        // Shorter than its quarter: it ends, the rest goes to the next.
+        assert_eq!(shares(&[5, 600], 512), [5, 507]);
+    }
+
+    #[test]
+    fn prompts_of_equal_length_behind_the_oldest_go_in_arrival_order() {
+        assert_eq!(shares(&[40, 10, 10], 16), [4, 10, 2]);
+        assert_eq!(shares(&[40, 10, 10, 10], 30), [8, 10, 10, 2]);
+    }
+
+    #[test]
+    fn a_step_without_room_queues_no_prompt_token() {
+        assert_eq!(shares(&[5, 5], 0), [0, 0]);
+        assert_eq!(shares(&[0, 0], 512), [0, 0]);
+    }
+
+    #[test]
+    fn the_room_is_filled_as_far_as_the_prompts_reach() {
+        // No room is left idle while a prompt has tokens to queue.
+        for (lefts, room) in [
+            (vec![3000, 20, 30, 10], 512),
+            (vec![1, 2, 3], 4),
+            (vec![1, 2, 3], 100),
+            (vec![700, 5, 900, 1], 512),
+            (vec![129, 129, 129, 129], 512),
+        ] {
+            let takes = shares(&lefts, room);
+            let total: usize = lefts.iter().sum();
+            assert_eq!(takes.iter().sum::<usize>(), room.min(total), "{lefts:?}");
+        }
+    }
+
+    #[test]
+    fn a_prompt_is_scored_only_when_echoed_with_logprobs() {
+        let scored_of = |body, token_logprob| scored(&job(body, 4, token_logprob));
+        assert!(!scored_of(r#"{"prompt": "a"}"#, false));
+        assert!(!scored_of(r#"{"prompt": "a", "logprobs": 2}"#, false));
+        assert!(!scored_of(r#"{"prompt": "a", "echo": true}"#, false));
+        assert!(scored_of(
+            r#"{"prompt": "a", "echo": true, "logprobs": 2}"#,
+            false
+        ));
+        // No alternatives asked is still a logprob per token.
+        assert!(scored_of(
+            r#"{"prompt": "a", "echo": true, "logprobs": 0}"#,
+            false
+        ));
+        // A stream's sampled-token logprob scores an echoed prompt too.
+        assert!(scored_of(r#"{"prompt": "a", "echo": true}"#, true));
+        assert!(!scored_of(r#"{"prompt": "a"}"#, true));
+    }
+
+    #[test]
+    fn a_prefill_has_left_the_prompt_tokens_after_its_next_position() {
+        let prefill = |next| Prefill {
+            prompted: Prompted {
+                index: 0,
+                job: job(r#"{"prompt": "a"}"#, 100, false),
+                seqs: vec![0],
+                prompt: Vec::new(),
+                reused: 0,
+            },
+            next,
+        };
+        assert_eq!(prefill(0).left(), 100);
+        assert_eq!(prefill(37).left(), 63);
+        assert_eq!(prefill(100).left(), 0);
     }
 }
