@@ -272,3 +272,32 @@ fn a_tool_call_follows_the_thinking_constrained_as_ever() {
     assert_eq!(args["city"], "Paris", "{v}");
     common::schema::assert_valid("CompletionResponse", &v);
 }
+
+#[test]
+fn a_thought_that_ends_the_answer_is_followed_by_one() {
+    // QwQ's template opens the thought; the model closes it and ends at
+    // once. It answers all the same, within its tokens.
+    let model = tool_model_path().display().to_string();
+    let qwq = real_template("Qwen-QwQ-32B.jinja");
+    let ask = |tokens: &str| {
+        cmpl(&["-m", &model, "--chat-template", &qwq, "--temperature", "0"])
+            .args(["--reasoning-budget", "30", "--max-tokens", tokens, "--json"])
+            .args(["What is 2+2?"])
+            .run()
+            .json()
+    };
+    let v = ask("64");
+    let choice = &v["choices"][0];
+    assert_eq!(choice["reasoning_content"], "2 + 2 equals 4.", "{v}");
+    assert!(
+        choice["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("This is a simple arithmetic"),
+        "{v}"
+    );
+    // The thought took 11 tokens and its close: none left, no answer.
+    let v = ask("12");
+    assert_eq!(v["choices"][0]["text"], "", "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 12, "{v}");
+}

@@ -224,3 +224,91 @@ fn each_familys_template_renders_the_tools_and_its_calls_parse() {
         assert!(prompt.contains("21 C, clear"), "{name}: {prompt:?}");
     }
 }
+
+/// The data of an SSE body, `[DONE]` left out.
+fn events(body: &str) -> Vec<Value> {
+    body.split_terminator("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .filter(|e| *e != "[DONE]")
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_cut_answer_keeps_the_calls_it_wrote_whole_on_every_face() {
+    // Given a tool's result, the model calls again and again; 40 tokens
+    // end it inside its third call.
+    let model = tool_model_path().display().to_string();
+    let request = json!({"messages": [
+        {"role": "user", "content": "What is the weather in Paris, London and Tokyo?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "Paris: 12 C, cloudy"}],
+        "tools": weather(), "temperature": 0, "max_tokens": 40});
+    let cities = |calls: &[Value]| -> Vec<String> {
+        calls
+            .iter()
+            .map(|c| {
+                let args: Value =
+                    serde_json::from_str(c["function"]["arguments"].as_str().unwrap()).unwrap();
+                args["city"].as_str().unwrap().to_string()
+            })
+            .collect()
+    };
+    let cut = "{\"name\": \"get_weather\", \"";
+    // The command line's JSON: the completions shape.
+    let v = cmpl(&["-m", &model, "--json"])
+        .stdin(request.to_string())
+        .run()
+        .json();
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "length", "{v}");
+    let calls = choice["tool_calls"].as_array().unwrap();
+    assert_eq!(cities(calls), ["Paris", "London"], "{v}");
+    common::schema::assert_valid("CompletionResponse", &v);
+    // The chat endpoint, whole: the two calls, the cut rest as content.
+    let served = Served::start(&["-m", &model], &[]);
+    let (status, body) = served.send("POST", "/v1/chat/completions", &request.to_string(), None);
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "length", "{v}");
+    let message = &choice["message"];
+    assert_eq!(
+        cities(message["tool_calls"].as_array().unwrap()),
+        ["Paris", "London"]
+    );
+    assert_eq!(message["content"], cut, "{v}");
+    // Streamed: the same calls, each sent once whole, and the same content.
+    let mut streamed = request.clone();
+    streamed["stream"] = json!(true);
+    let (status, body) = served.send("POST", "/v1/chat/completions", &streamed.to_string(), None);
+    assert_eq!(status, 200, "{body}");
+    let chunks = events(&body);
+    let deltas: Vec<&Value> = chunks.iter().map(|c| &c["choices"][0]).collect();
+    let content: String = deltas
+        .iter()
+        .filter_map(|d| d["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(content, cut, "{body}");
+    let mut joined: Vec<Value> = Vec::new();
+    for d in deltas
+        .iter()
+        .filter_map(|d| d["delta"]["tool_calls"].as_array())
+    {
+        for part in d {
+            let i = part["index"].as_u64().unwrap() as usize;
+            if i == joined.len() {
+                joined.push(json!({"function": {"arguments": ""}}));
+            }
+            let args = joined[i]["function"]["arguments"]
+                .as_str()
+                .unwrap()
+                .to_string()
+                + part["function"]["arguments"].as_str().unwrap_or("");
+            joined[i]["function"]["arguments"] = json!(args);
+        }
+    }
+    assert_eq!(cities(&joined), ["Paris", "London"], "{body}");
+    assert_eq!(deltas.last().unwrap()["finish_reason"], "length", "{body}");
+}

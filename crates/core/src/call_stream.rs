@@ -13,6 +13,8 @@ pub enum Part {
     Open { index: u32, name: String },
     /// More of call `index`'s arguments, as JSON text.
     Arguments { index: u32, text: String },
+    /// Call `index` is written whole.
+    Closed { index: u32 },
 }
 
 #[derive(Debug, Default)]
@@ -96,6 +98,7 @@ impl CallStream {
                 }
                 self.depth -= 1;
                 if self.depth == 0 && self.open {
+                    parts.push(Part::Closed { index: self.named });
                     self.named += 1;
                     self.open = false;
                 }
@@ -153,6 +156,7 @@ mod tests {
         let mut s = CallStream::default();
         let mut text = String::new();
         let (mut names, mut arguments) = (Vec::new(), Vec::<String>::new());
+        let mut closed = 0;
         for p in pieces {
             text.push_str(p);
             for part in s.read(&text) {
@@ -163,6 +167,11 @@ mod tests {
                         arguments.push(String::new());
                     }
                     Part::Arguments { index, text } => arguments[index as usize].push_str(&text),
+                    Part::Closed { index } => {
+                        // Each call once, in order, after its name.
+                        assert_eq!((index as usize, index as usize + 1), (closed, names.len()));
+                        closed += 1;
+                    }
                 }
             }
         }
@@ -179,6 +188,23 @@ mod tests {
         ]);
         assert_eq!(names, ["get_weather"]);
         assert_eq!(args, [r#"{"city": "Pa}ris"}"#]);
+    }
+
+    #[test]
+    fn a_call_is_closed_once_written_whole_and_a_cut_one_never() {
+        let mut s = CallStream::default();
+        let one = r#"{"name": "a", "arguments": {"x": {"y": 1}}}"#;
+        let text = format!("<tool_call>\n{one}\n</tool_call>\n<tool_call>\n{{\"name\": \"b\", \"arguments\": {{\"x\"");
+        let parts = s.read(&text);
+        let closed: Vec<&Part> = parts
+            .iter()
+            .filter(|p| matches!(p, Part::Closed { .. }))
+            .collect();
+        assert_eq!(closed, [&Part::Closed { index: 0 }]);
+        assert!(parts.contains(&Part::Open {
+            index: 1,
+            name: "b".into()
+        }));
     }
 
     #[test]

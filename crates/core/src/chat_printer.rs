@@ -12,7 +12,8 @@ use crate::call_stream::{CallStream, Part};
 use crate::error::Result;
 use crate::request::Request;
 use crate::tools::{
-    call_id, opening_at, opens_as_words, read_answer, read_calls, tool_call, words_shown, Tools,
+    call_id, opening_at, opens_as_words, read_answer, read_calls, tool_call, whole_calls,
+    words_shown, Tools,
 };
 use serde::Serialize;
 use std::io::Write;
@@ -42,6 +43,11 @@ struct Held {
     tokens: Vec<TokenInfo>,
     /// Known to be calls: read as they are written.
     calls: Option<CallStream>,
+    /// The call being written: its deltas, sent once it is whole (a call
+    /// cut short by the length is never sent, as in a whole answer).
+    pending: Vec<ToolCallDelta>,
+    /// Words were sent before the calls.
+    led: bool,
 }
 
 /// A finished job as a `chat.completion` object (`header`'s id and time);
@@ -56,15 +62,13 @@ pub fn completion(
         .choices
         .iter()
         .map(|c| {
-            let answer = tools
-                .filter(|_| c.finish != Finish::Length)
-                .and_then(|t| read_answer(&c.text, t));
+            let answer = tools.and_then(|t| read_answer(&c.text, t, c.finish == Finish::Length));
             let finish_reason = match &answer {
-                Some(_) => ChatFinishReason::ToolCalls,
-                None => reason(c.finish),
+                Some(_) if c.finish != Finish::Length => ChatFinishReason::ToolCalls,
+                _ => reason(c.finish),
             };
             let (content, calls) = match answer {
-                Some((lead, calls)) => (lead, Some(calls)),
+                Some(answer) => (answer.content(), Some(answer.calls)),
                 None => (Some(c.text.clone()), None),
             };
             ChatChoice {
@@ -167,8 +171,8 @@ impl<W: Write> ChatWriter<W> {
 
     /// A streamed choice's text where tools may be called: held until it
     /// opens as words (then sent as they come, until calls open after
-    /// them) or as a call (then sent as calls as they are written: each
-    /// one's id and name, then its arguments in fragments), or to its end.
+    /// them) or as a call (then sent as calls as each is written whole: its
+    /// id and name, then its arguments in fragments), or to its end.
     fn hold(
         &mut self,
         choice: u32,
@@ -209,6 +213,7 @@ impl<W: Write> ChatWriter<W> {
                 let tokens = std::mem::take(&mut held.tokens);
                 let end = finish.filter(|_| at.is_none()).map(reason);
                 self.send_words(choice, &words, &tokens, end)?;
+                self.held[choice as usize].led |= !words.trim().is_empty();
             }
             let held = &mut self.held[choice as usize];
             match at {
@@ -223,10 +228,6 @@ impl<W: Write> ChatWriter<W> {
         let parts = match &mut held.calls {
             Some(calls) => calls.read(&held.text),
             None => Vec::new(),
-        };
-        let read = match (finish, &self.tools) {
-            (Some(f), Some(t)) if f != Finish::Length => read_calls(&held.text, t).is_some(),
-            _ => false,
         };
         for part in parts {
             let delta = match part {
@@ -248,14 +249,45 @@ impl<W: Write> ChatWriter<W> {
                         arguments: text,
                     },
                 },
+                Part::Closed { .. } => {
+                    for delta in std::mem::take(&mut self.held[choice as usize].pending) {
+                        self.send_calls(choice, vec![delta], None)?;
+                    }
+                    continue;
+                }
             };
-            self.send_calls(choice, vec![delta], None)?;
+            self.held[choice as usize].pending.push(delta);
         }
+        let Some(finish) = finish else {
+            return Ok(());
+        };
+        let held = &mut self.held[choice as usize];
+        let Some(tools) = &self.tools else {
+            return Ok(());
+        };
         match finish {
-            // A call cut short is not a call: the choice ends as it ended.
-            Some(f) if !read => self.send_calls(choice, Vec::new(), Some(reason(f))),
-            Some(_) => self.send_calls(choice, Vec::new(), Some(ChatFinishReason::ToolCalls)),
-            None => Ok(()),
+            // Cut short: the calls written whole were sent; the rest is
+            // words, after those sent before the calls.
+            Finish::Length => {
+                let rest = match whole_calls(&held.text, tools) {
+                    Some((_, rest)) => rest.trim_end().to_string(),
+                    None => held.text.trim().to_string(),
+                };
+                let rest = match held.led && !rest.is_empty() {
+                    true => format!("\n{rest}"),
+                    false => rest,
+                };
+                held.pending.clear();
+                match rest.is_empty() {
+                    true => self.send_calls(choice, Vec::new(), Some(reason(finish))),
+                    false => self.send_words(choice, &rest, &[], Some(reason(finish))),
+                }
+            }
+            _ if read_calls(&held.text, tools).is_some() => {
+                self.send_calls(choice, Vec::new(), Some(ChatFinishReason::ToolCalls))
+            }
+            // Not calls after all: the choice ends as it ended.
+            _ => self.send_calls(choice, Vec::new(), Some(reason(finish))),
         }
     }
 
@@ -531,5 +563,50 @@ mod tests {
             "tool_calls",
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_cut_answer_keeps_its_whole_calls_streamed_as_whole() {
+        let body = r#"{"messages": [{"role": "user", "content": "x"}], "stream": true,
+            "tools": [{"type": "function", "function": {"name": "f"}}]}"#;
+        let call = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>\n";
+        let text = format!("Sure.\n{call}{call}<tool_call>\n{{\"name\": \"f\", \"argu");
+        // Streamed a character at a time, cut by the length.
+        let mut out = Vec::new();
+        let mut w = ChatWriter::new(&mut out, 0, ResponseHeader::new("m"), &request(body), false);
+        let pieces: Vec<String> = text.chars().map(String::from).collect();
+        let mut all: Vec<(&str, Option<Finish>)> =
+            pieces.iter().map(|p| (p.as_str(), None)).collect();
+        all.push(("", Some(Finish::Length)));
+        events(&mut w, &all);
+        let sent = String::from_utf8(out).unwrap();
+        let deltas: Vec<Value> = sent
+            .split_terminator("\n\n")
+            .filter_map(|e| e.strip_prefix("data: "))
+            .filter(|e| *e != "[DONE]")
+            .map(|e| serde_json::from_str::<Value>(e).unwrap()["choices"][0].clone())
+            .collect();
+        let content: String = deltas
+            .iter()
+            .filter_map(|d| d["delta"]["content"].as_str())
+            .collect();
+        let named = deltas
+            .iter()
+            .filter_map(|d| d["delta"].get("tool_calls"))
+            .filter(|c| c[0]["function"].get("name").is_some())
+            .count();
+        assert_eq!(named, 2, "{sent}");
+        assert_eq!(deltas.last().unwrap()["finish_reason"], "length", "{sent}");
+        // The whole answer says the same.
+        let mut result = done(&text);
+        result.choices[0].finish = Finish::Length;
+        let tools = request(body).callable_tools().cloned();
+        let whole = completion(&ResponseHeader::new("m"), false, tools.as_ref(), &result);
+        let whole = serde_json::to_value(whole).unwrap();
+        let message = &whole["choices"][0]["message"];
+        assert_eq!(message["tool_calls"].as_array().unwrap().len(), 2);
+        assert_eq!(message["content"].as_str(), Some(content.as_str()));
+        assert_eq!(content, "Sure.\n{\"name\": \"f\", \"argu");
+        assert_eq!(whole["choices"][0]["finish_reason"], "length");
     }
 }

@@ -9,8 +9,7 @@ use crate::backend::{ChoiceResult, Event, Finish, JobResult, TokenInfo};
 use crate::error::Result;
 use crate::request::Request;
 use crate::tools::{
-    call_lines, opening_at, opens_as_words, read_answer, read_calls, tool_call, words_shown, Call,
-    Tools,
+    call_lines, opening_at, opens_as_words, read_answer, tool_call, words_shown, Answer, Tools,
 };
 use std::io::Write;
 
@@ -320,9 +319,15 @@ impl<W: Write> Printer<W> {
     /// then the calls, one JSON line each, where it reads as calls of the
     /// request's tools.
     fn shown(&self, c: &ChoiceResult) -> String {
-        match self.tools.as_ref().and_then(|t| calls_of(t, c)) {
-            Some((Some(lead), calls)) => format!("{lead}\n{}", call_lines(&calls)),
-            Some((None, calls)) => call_lines(&calls),
+        match self.tools.as_ref().and_then(|t| answer_of(t, c)) {
+            Some(a) => {
+                let lead = a.lead.map(|l| l + "\n").unwrap_or_default();
+                format!(
+                    "{lead}{}{}",
+                    call_lines(&a.calls),
+                    a.rest.unwrap_or_default()
+                )
+            }
             None => c.text.clone(),
         }
     }
@@ -336,12 +341,14 @@ impl<W: Write> Printer<W> {
                 return Ok(());
             };
             let held = std::mem::take(&mut self.held);
-            let calls = (self.calling && c.finish != Finish::Length)
-                .then(|| self.tools.as_ref().and_then(|t| read_calls(&held, t)))
+            let cut = c.finish == Finish::Length;
+            let answer = self
+                .calling
+                .then(|| self.tools.as_ref().and_then(|t| read_answer(&held, t, cut)))
                 .flatten();
-            let shown = match calls {
+            let shown = match answer {
                 _ if !self.words => self.shown(c),
-                Some(calls) => format!("\n{}", call_lines(&calls)),
+                Some(a) => format!("\n{}{}", call_lines(&a.calls), a.rest.unwrap_or_default()),
                 None => held,
             };
             return self.write_text(&shown);
@@ -466,7 +473,7 @@ pub fn response(
             .choices
             .into_iter()
             .map(|c| {
-                let calls = tools.and_then(|t| calls_of(t, &c)).map(|(_, calls)| calls);
+                let calls = tools.and_then(|t| answer_of(t, &c)).map(|a| a.calls);
                 let (text, logprobs) = match (in_choices, c.tokens) {
                     (false, tokens) => {
                         let logprobs = tokens.as_deref().map(|t| part(&c.text, t));
@@ -491,8 +498,8 @@ pub fn response(
                     index: c.index,
                     seed: c.seed,
                     finish_reason: match calls {
-                        Some(_) => FinishReason::ToolCalls,
-                        None => reason(c.finish),
+                        Some(_) if c.finish != Finish::Length => FinishReason::ToolCalls,
+                        _ => reason(c.finish),
                     },
                     tool_calls: calls
                         .unwrap_or_default()
@@ -557,12 +564,10 @@ fn text_offsets(text: &str, tokens: &[TokenInfo]) -> Vec<usize> {
         .collect()
 }
 
-/// The words before a finished choice's calls, and the calls (none where
+/// A finished choice read as words and calls (those written whole, where
 /// it was cut short).
-fn calls_of(tools: &Tools, c: &ChoiceResult) -> Option<(Option<String>, Vec<Call>)> {
-    (c.finish != Finish::Length)
-        .then(|| read_answer(&c.text, tools))
-        .flatten()
+fn answer_of(tools: &Tools, c: &ChoiceResult) -> Option<Answer> {
+    read_answer(&c.text, tools, c.finish == Finish::Length)
 }
 
 fn reason(finish: Finish) -> FinishReason {

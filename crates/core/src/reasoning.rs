@@ -183,6 +183,11 @@ impl Thought {
         self.closed
     }
 
+    /// Some of the answer (more than blank space) has come.
+    pub fn answering(&self) -> bool {
+        self.answering
+    }
+
     /// One token's text (special tokens written out, so that a close that
     /// is one token is seen).
     pub fn push(&mut self, piece: &[u8]) -> Split {
@@ -250,7 +255,8 @@ impl Thought {
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
-    fn answer(&mut self, bytes: &[u8]) -> Vec<u8> {
+    /// Answer text after the close, its leading blank space dropped.
+    pub fn answer(&mut self, bytes: &[u8]) -> Vec<u8> {
         let mut bytes = bytes;
         if !self.answering {
             let blank = bytes.iter().take_while(|b| b.is_ascii_whitespace()).count();

@@ -134,6 +134,35 @@ impl SamplerChain {
         Ok(token)
     }
 
+    /// Draws again from output `idx`, none of `banned` (the last draw,
+    /// which was one, is not taken back from the penalties' count). `None`
+    /// under a constraint, which decides alone what may be drawn.
+    pub fn redraw_without(
+        &mut self,
+        ctx: &LlamaContext,
+        idx: i32,
+        banned: &[LlamaToken],
+    ) -> Option<LlamaToken> {
+        if self.guide.is_some() || self.deferred.is_some() {
+            return None;
+        }
+        let raw = ctx.get_logits_ith(idx);
+        let mut logits = match &mut self.adjust {
+            Some(adjust) => adjust.apply(raw).to_vec(),
+            None => raw.to_vec(),
+        };
+        for t in banned {
+            if let Some(l) = logits.get_mut(t.0 as usize) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        let token = self.draw.pick(&logits);
+        if let Some(adjust) = &mut self.adjust {
+            adjust.accept(token);
+        }
+        Some(token)
+    }
+
     /// A draft from the constraint: the text it forces next, tokenized
     /// (at most `max` tokens, those it takes); empty without a constraint
     /// or where it leaves a choice.

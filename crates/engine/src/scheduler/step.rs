@@ -284,7 +284,30 @@ impl Run<'_> {
         } else {
             Finish::Eos
         };
-        let token = match c.sampler.sample(ctx, idx) {
+        let mut drawn = c.sampler.sample(ctx, idx);
+        let vocab = self.engine.model.vocab();
+        // An answer after every thought, while tokens are left: a model
+        // that ends inside its thought has it closed as a spent budget
+        // closes it; one that ends as it closes it, before a word of its
+        // answer, draws again without its end.
+        if let (Ok(token), Some(thought)) = (&drawn, &c.thought) {
+            let token = *token;
+            let left = c.generated + 1 < budget;
+            if left && vocab.is_eog(token) && !thought.closed() && !c.close.is_empty() {
+                c.sampler.force(&c.close);
+                drawn = c.sampler.sample(ctx, idx);
+            } else if left && vocab.is_eog(token) && thought.closed() && !thought.answering() {
+                let mut banned = vec![token];
+                while let Some(again) = c.sampler.redraw_without(ctx, idx, &banned) {
+                    drawn = Ok(again);
+                    if !vocab.is_eog(again) || banned.len() >= 8 {
+                        break;
+                    }
+                    banned.push(again);
+                }
+            }
+        }
+        let token = match drawn {
             Ok(token) => token,
             Err(error) => {
                 // The constraint failed (its work bound, say): this job
@@ -307,18 +330,17 @@ impl Run<'_> {
             });
         }
         c.generated += 1;
-        let vocab = self.engine.model.vocab();
         let eog = vocab.is_eog(token);
         // A thinking choice's text goes to its reasoning until the close
         // (special tokens written out, so that a close of one token shows),
         // then to its answer; stop sequences apply to the answer.
         let mut reasoning = String::new();
-        let answer = match c.thought.as_mut().filter(|t| !t.closed()) {
-            Some(thought) if eog => {
+        let answer = match c.thought.as_mut() {
+            Some(thought) if !thought.closed() && eog => {
                 reasoning = thought.finish();
                 Vec::new()
             }
-            Some(thought) => {
+            Some(thought) if !thought.closed() => {
                 let split = thought.push(&vocab.token_to_piece(token, true, None));
                 reasoning = split.reasoning;
                 if thought.closed() {
@@ -328,8 +350,10 @@ impl Run<'_> {
                 }
                 split.answer
             }
-            None if eog => Vec::new(),
-            None => vocab.token_to_piece(token, false, None),
+            // The answer after a thought, its leading blank space dropped.
+            Some(thought) if !eog => thought.answer(&vocab.token_to_piece(token, false, None)),
+            _ if eog => Vec::new(),
+            _ => vocab.token_to_piece(token, false, None),
         };
         let (text, finish) = if eog {
             (c.matcher.finish(), Some(end))
