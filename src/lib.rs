@@ -12,8 +12,9 @@
 //! the core alone: docs/architecture.md.
 
 pub use cmpl_core::{
-    api, backend, cells, chat_body, chat_printer, constraint, error, fields, gguf, grammar, print,
-    printer, random, request, sandbox, stop, template, tools,
+    api, backend, cells, chat_body, chat_printer, constraint, error, fields, gguf, grammar,
+    messages_body, messages_printer, print, printer, random, request, responses_body,
+    responses_printer, sandbox, stop, template, tools,
 };
 pub use cmpl_engine as engine;
 

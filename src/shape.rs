@@ -8,9 +8,13 @@ use crate::api::ResponseHeader;
 use crate::backend::{Event, OwnedEvent};
 use crate::chat_printer::ChatWriter;
 use crate::error::{CmplError, Result};
+use crate::messages_body::Asked;
+use crate::messages_printer::MessagesWriter;
 use crate::print::Print;
 use crate::printer::{Format, Printer};
 use crate::request::Request;
+use crate::responses_body::Echoed;
+use crate::responses_printer::ResponsesWriter;
 use serde_json::{json, Value};
 use std::io::Write;
 
@@ -29,6 +33,12 @@ pub enum Shape {
     /// The chat completions API: one `chat.completion`, or its chunks where
     /// the request streams (a usage chunk last where asked).
     Chat { include_usage: bool },
+    /// Anthropic's Messages API: one `message`, or its named events where
+    /// the request streams.
+    Messages(Asked),
+    /// OpenAI's Responses API: one `response`, or its typed events where
+    /// the request streams.
+    Responses(Echoed),
     /// The events as they are, one JSON line each, for a cmpl caller to
     /// print with its own printer.
     Events,
@@ -74,6 +84,12 @@ impl Shape {
             }
             Shape::Chat { include_usage } => {
                 Box::new(ChatWriter::new(out, job, header, request, include_usage))
+            }
+            Shape::Messages(asked) => {
+                Box::new(MessagesWriter::new(out, job, &header, request, asked))
+            }
+            Shape::Responses(echoed) => {
+                Box::new(ResponsesWriter::new(out, job, &header, request, echoed))
             }
             Shape::Events => Box::new(EventLines { out, job }),
             Shape::BatchLine { custom_id, chat } => {
@@ -220,6 +236,7 @@ mod tests {
                     seed: None,
                     tokens: None,
                     reasoning: None,
+                    stop: None,
                 }],
                 ..Default::default()
             },

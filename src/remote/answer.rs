@@ -206,6 +206,7 @@ impl Accumulator {
                     finish: c.finish.unwrap_or(crate::backend::Finish::Stop),
                     tokens: self.want_tokens.then_some(c.tokens),
                     reasoning: None,
+                    stop: None,
                 })
                 .collect(),
         };
@@ -283,6 +284,7 @@ impl Accumulator {
                     finish: c.finish,
                     tokens: if self.want_tokens { c.tokens } else { None },
                     reasoning: None,
+                    stop: None,
                 })
                 .collect(),
         };

@@ -7,17 +7,19 @@ pub fn check(headers: &hyper::HeaderMap, key: Option<&str>) -> Result<()> {
     let Some(key) = key else {
         return Ok(());
     };
+    // OpenAI's clients send a bearer token, Anthropic's an `x-api-key`.
     let given = headers
         .get(hyper::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(bearer)
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
         .unwrap_or("");
     if constant_time_eq(given.as_bytes(), key.as_bytes()) {
         return Ok(());
     }
     Err(CmplError::new(
         ErrorKind::Auth,
-        "missing or wrong API key: send Authorization: Bearer <key>",
+        "missing or wrong API key: send Authorization: Bearer <key> (or x-api-key: <key>)",
     ))
 }
 

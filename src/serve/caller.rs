@@ -77,7 +77,7 @@ pub async fn run_for_caller(req: hyper::Request<Incoming>, shared: &Shared) -> R
         request,
         model: shared.policy.model.clone(),
         path: wire::RUN.to_string(),
-        chat: None,
+        shape: crate::shape::Shape::Events,
         tx,
         place: places.remove(0),
         caller: Some(caller),

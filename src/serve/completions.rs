@@ -10,27 +10,43 @@ use super::worker::Submission;
 use super::Shared;
 use crate::error::{CmplError, ErrorKind, Result};
 use crate::request::Request;
+use crate::shape::Shape;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::StatusCode;
 use std::time::Instant;
 
+/// Which API a completion body speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    Completions,
+    Chat,
+    /// Anthropic's Messages.
+    Messages,
+    /// OpenAI's Responses.
+    Responses,
+}
+
 /// Answers a completions body (`chat`: a chat completions one).
-pub async fn complete(req: hyper::Request<Incoming>, shared: &Shared, chat: bool) -> Response {
+pub async fn complete(req: hyper::Request<Incoming>, shared: &Shared, api: Api) -> Response {
     let path = req.uri().path().to_string();
     let body = match read_body(req.into_body(), &shared.body_bytes).await {
         Ok(body) => body,
         Err((status, e)) => return error(status, &e),
     };
-    let parsed = if chat {
-        (shared.policy)
-            .parse_chat(&body.bytes)
-            .map(|(r, usage)| (vec![r], Some(usage)))
-    } else {
-        shared.policy.parse(&body.bytes).map(|r| (r, None))
+    let policy = &shared.policy;
+    let parsed = match api {
+        Api::Completions => policy.parse(&body.bytes).map(|r| (r, None)),
+        Api::Chat => (policy.parse_chat(&body.bytes))
+            .map(|(r, include_usage)| (vec![r], Some(Shape::Chat { include_usage }))),
+        Api::Messages => (policy
+            .parse_conversation(&body.bytes, |b| crate::messages_body::request(b, false)))
+        .map(|(r, asked)| (vec![r], Some(Shape::Messages(asked)))),
+        Api::Responses => (policy.parse_conversation(&body.bytes, crate::responses_body::request))
+            .map(|(r, echoed)| (vec![r], Some(Shape::Responses(echoed)))),
     };
-    let (requests, chat) = match parsed {
+    let (requests, shape) = match parsed {
         Ok(r) => r,
         Err((status, e)) => return error(status, &e),
     };
@@ -68,7 +84,16 @@ pub async fn complete(req: hyper::Request<Incoming>, shared: &Shared, chat: bool
     };
     let mut answers = Vec::with_capacity(requests.len());
     for (request, place) in requests.into_iter().zip(places) {
-        match submit(request, place, &path, chat, shared) {
+        let shape = shape.clone().unwrap_or_else(|| match request.stream {
+            true => Shape::Completion {
+                format: crate::printer::Format::Sse,
+                tty: false,
+                color: false,
+                reasoning: None,
+            },
+            false => Shape::json(),
+        });
+        match submit(request, place, &path, shape, shared) {
             Ok(answer) => answers.push(answer),
             Err((status, e)) => return error(status, &e),
         }
@@ -140,7 +165,7 @@ fn submit(
     request: Request,
     place: InFlight,
     path: &str,
-    chat: Option<bool>,
+    shape: Shape,
     shared: &Shared,
 ) -> std::result::Result<(bool, Answer), Refusal> {
     let name = request
@@ -157,7 +182,7 @@ fn submit(
         },
         model: name,
         path: path.to_string(),
-        chat,
+        shape,
         tx,
         place,
         caller: None,

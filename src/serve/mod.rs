@@ -22,6 +22,7 @@ mod completions;
 mod conns;
 mod limits;
 mod listen;
+mod messages;
 mod metrics;
 mod policy;
 mod reply;

@@ -82,12 +82,24 @@ impl Policy {
     /// A chat body as one validated request over the config's defaults, and
     /// whether its stream ends with a usage chunk.
     pub fn parse_chat(&self, body: &[u8]) -> std::result::Result<(Request, bool), Refusal> {
+        self.parse_conversation(body, crate::chat_body::request)
+    }
+
+    /// A body of any conversation API (chat completions, Messages,
+    /// Responses) as one validated request over the config's defaults:
+    /// `read` says it in the chat fields, with what its answer's shape
+    /// needs of it.
+    pub fn parse_conversation<T>(
+        &self,
+        body: &[u8],
+        read: impl FnOnce(&str) -> crate::error::Result<(RawRequest, T)>,
+    ) -> std::result::Result<(Request, T), Refusal> {
         let bad = |e: CmplError| (StatusCode::BAD_REQUEST, e);
         let text = utf8(body)?;
-        let (raw, usage) = crate::chat_body::request(text).map_err(bad)?;
+        let (raw, shaped) = read(text).map_err(bad)?;
         self.untrusted_templates(&raw)?;
         let raw = self.with_template(self.defaults.clone().overlay(raw));
-        Ok((self.one(&raw)?, usage))
+        Ok((self.one(&raw)?, shaped))
     }
 
     /// A template in a request body is a program the server would run for a

@@ -1,8 +1,9 @@
 //! The route table: which path is which answer, what method it takes,
 //! and what must hold before it is answered (the API key, a Unix socket).
 
+use super::completions::Api;
 use super::reply::{error, json, Response};
-use super::{about, auth, caller, completions, tokenizer, Shared};
+use super::{about, auth, caller, completions, messages, tokenizer, Shared};
 use crate::error::CmplError;
 use crate::wire;
 use bytes::Bytes;
@@ -22,6 +23,11 @@ pub enum Route {
     Status,
     Completions,
     Chat,
+    /// Anthropic's Messages API, and its token count.
+    Messages,
+    CountTokens,
+    /// OpenAI's Responses API.
+    Responses,
     /// A cmpl caller's run, on a Unix socket only.
     Caller,
     /// The model's tokenizer (vLLM's routes).
@@ -36,6 +42,10 @@ const TABLE: &[(&str, Route)] = &[
     ("/completions", Route::Completions),
     ("/v1/chat/completions", Route::Chat),
     ("/chat/completions", Route::Chat),
+    ("/v1/messages", Route::Messages),
+    ("/v1/messages/count_tokens", Route::CountTokens),
+    ("/v1/responses", Route::Responses),
+    ("/responses", Route::Responses),
     ("/v1/models", Route::Models),
     ("/models", Route::Models),
     ("/health", Route::Health),
@@ -65,6 +75,9 @@ impl Route {
             }
             Route::Completions
             | Route::Chat
+            | Route::Messages
+            | Route::CountTokens
+            | Route::Responses
             | Route::Caller
             | Route::Tokenize
             | Route::Detokenize => Some(Method::POST),
@@ -74,14 +87,22 @@ impl Route {
     /// A completion: counted in the metrics, and logged by the decode loop
     /// once its answer is whole.
     pub fn completes(self) -> bool {
-        matches!(self, Route::Completions | Route::Chat | Route::Caller)
+        matches!(
+            self,
+            Route::Completions | Route::Chat | Route::Messages | Route::Responses | Route::Caller
+        )
     }
 }
 
 pub async fn handle(req: hyper::Request<Incoming>, shared: Arc<Shared>) -> Response {
     let started = Instant::now();
     let (method, path) = (req.method().clone(), req.uri().path().to_string());
-    let response = route(req, &shared).await;
+    let response = match Route::of(&path) {
+        Some(Route::Messages | Route::CountTokens) => {
+            messages::reshape(route(req, &shared).await).await
+        }
+        _ => route(req, &shared).await,
+    };
     let completes = Route::of(&path).is_some_and(Route::completes);
     if completes && response.status() != StatusCode::OK {
         shared.metrics.answered(response.status().as_u16());
@@ -98,7 +119,7 @@ pub async fn handle(req: hyper::Request<Incoming>, shared: Arc<Shared>) -> Respo
 }
 
 const NO_ROUTE: &str =
-    "the API is POST /v1/completions, POST /v1/chat/completions, GET /v1/models, and the tokenizer's POST /tokenize, POST /detokenize and GET /tokenizer_info";
+    "the API is POST /v1/completions, POST /v1/chat/completions, POST /v1/messages (and its count_tokens), POST /v1/responses, GET /v1/models, and the tokenizer's POST /tokenize, POST /detokenize and GET /tokenizer_info";
 
 async fn route(req: hyper::Request<Incoming>, shared: &Shared) -> Response {
     let path = req.uri().path().to_string();
@@ -148,8 +169,11 @@ async fn route(req: hyper::Request<Incoming>, shared: &Shared) -> Response {
         Route::Tokenize => tokenizer::tokenize(req, shared).await,
         Route::Detokenize => tokenizer::detokenize(req, shared).await,
         Route::TokenizerInfo => tokenizer::info(shared),
-        Route::Completions => completions::complete(req, shared, false).await,
-        Route::Chat => completions::complete(req, shared, true).await,
+        Route::Completions => completions::complete(req, shared, Api::Completions).await,
+        Route::Chat => completions::complete(req, shared, Api::Chat).await,
+        Route::Messages => completions::complete(req, shared, Api::Messages).await,
+        Route::CountTokens => messages::count_tokens(req, shared).await,
+        Route::Responses => completions::complete(req, shared, Api::Responses).await,
     }
 }
 
@@ -178,6 +202,9 @@ mod tests {
                 "/completions",
                 "/v1/chat/completions",
                 "/chat/completions",
+                "/v1/messages",
+                "/v1/responses",
+                "/responses",
                 wire::RUN
             ]
         );

@@ -12,7 +12,6 @@ use crate::backend::{Drafts, Event, OwnedEvent};
 use crate::engine::{Arrival, Cells, Engine};
 use crate::error::{CmplError, ErrorKind, Result};
 use crate::print::Print;
-use crate::printer::Format;
 use crate::request::Request;
 use crate::safety::{Pass, Step, Verdicts};
 use crate::shape::Shape;
@@ -31,9 +30,8 @@ pub struct Submission {
     /// The name its response carries (the one it asked for, or the served one).
     pub model: String,
     pub path: String,
-    /// A chat endpoint's request, written in its shapes; whether its
-    /// stream ends with a usage chunk.
-    pub chat: Option<bool>,
+    /// How its answer is written (a cmpl caller's: its events).
+    pub shape: Shape,
     pub tx: UnboundedSender<Out>,
     /// Its place in the queue, given back as its answer's last byte goes.
     pub place: InFlight,
@@ -150,19 +148,8 @@ pub fn run(
             tx: submission.tx.clone(),
             buf: Vec::new(),
         };
-        let shape = match (submission.caller, submission.chat) {
-            (Some(_), _) => Shape::Events,
-            (None, Some(include_usage)) => Shape::Chat { include_usage },
-            (None, None) if stream => Shape::Completion {
-                format: Format::Sse,
-                tty: false,
-                color: false,
-                reasoning: None,
-            },
-            (None, None) => Shape::json(),
-        };
         let header = ResponseHeader::new(&submission.model);
-        let printer = shape.open(channel, index, header, &submission.request);
+        let printer = (submission.shape).open(channel, index, header, &submission.request);
         // A cmpl caller's answers are judged by the caller's own run.
         if submission.caller.is_none() {
             step.borrow_mut().guard(index, &submission.request);

@@ -96,6 +96,21 @@ impl Served {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// The tool model (Qwen2.5-Coder 0.5B) served, with `extra` flags.
+    pub fn tool_model(extra: &[&str]) -> Served {
+        let model = super::run::tool_model_path().display().to_string();
+        let mut args = vec!["-m", model.as_str()];
+        args.extend(extra);
+        Served::start(&args, &[])
+    }
+
+    /// POSTs the JSON `body` to `path`: status and the JSON answer.
+    pub fn post_json(&self, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+        let (status, text) = self.send("POST", path, &body.to_string(), None);
+        let answer = serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}"));
+        (status, answer)
+    }
+
     /// POSTs `body` to /v1/completions: status and body text.
     pub fn post(&self, body: &str) -> (u16, String) {
         self.send("POST", "/v1/completions", body, None)

@@ -312,6 +312,9 @@ pub struct ChoiceResult {
     /// (`None` where the request had none).
     #[serde(default)]
     pub reasoning: Option<String>,
+    /// The stop sequence that ended it (`finish` `Stop` by a match).
+    #[serde(default)]
+    pub stop: Option<String>,
 }
 
 /// [`TokenInfo`] on a resident's wire.

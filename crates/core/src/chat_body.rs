@@ -21,18 +21,10 @@ fn shared() -> impl Iterator<Item = &'static str> {
 /// A chat body as a completions request over `messages`, and whether a
 /// stream ends with a usage chunk (`stream_options.include_usage`).
 pub fn request(body: &str) -> Result<(RawRequest, bool)> {
-    let value: Value = serde_json::from_str(body).map_err(|e| {
-        CmplError::invalid(
-            "request",
-            format!("the request body is not valid JSON: {}; send {{\"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}", crate::request::json_error(&e)),
-        )
-    })?;
-    let Value::Object(body) = value else {
-        return Err(CmplError::invalid(
-            "request",
-            "the request body must be a JSON object with `messages`",
-        ));
-    };
+    let body = object(
+        body,
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}",
+    )?;
     let mut fields = Map::new();
     let mut logprobs = false;
     let mut top = None;
@@ -97,6 +89,27 @@ pub fn request(body: &str) -> Result<(RawRequest, bool)> {
         .and_then(Value::as_bool)
         .unwrap_or(false);
     Ok((RawRequest { fields }, usage))
+}
+
+/// A conversation endpoint's body as a JSON object; `example` is one the
+/// error shows.
+pub fn object(body: &str, example: &str) -> Result<Map<String, Value>> {
+    let value: Value = serde_json::from_str(body).map_err(|e| {
+        CmplError::invalid(
+            "request",
+            format!(
+                "the request body is not valid JSON: {}; send {example}",
+                crate::request::json_error(&e)
+            ),
+        )
+    })?;
+    match value {
+        Value::Object(body) => Ok(body),
+        _ => Err(CmplError::invalid(
+            "request",
+            "the request body must be a JSON object with `messages`",
+        )),
+    }
 }
 
 #[cfg(test)]

@@ -10,11 +10,11 @@ use crate::api::{
 use crate::backend::{Event, Finish, JobResult, TokenInfo};
 use crate::call_stream::{CallStream, Part};
 use crate::error::Result;
-use crate::request::Request;
-use crate::tools::{
-    call_id, opening_at, opens_as_words, read_answer, read_calls, tool_call, whole_calls,
-    words_shown, Tools,
+use crate::family::{
+    opening_at, opens_as_words, read_answer, read_calls, whole_calls, words_shown,
 };
+use crate::request::Request;
+use crate::tools::{call_id, tool_call, Tools};
 use serde::Serialize;
 use std::io::Write;
 
@@ -443,6 +443,7 @@ mod tests {
                 finish: Finish::Eos,
                 tokens: Some(vec![token("Hi"), token("!")]),
                 reasoning: None,
+                stop: None,
             }],
             drafts: Drafts::default(),
             reused: 0,

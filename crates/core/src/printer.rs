@@ -7,10 +7,9 @@ use crate::api::{
 };
 use crate::backend::{ChoiceResult, Event, Finish, JobResult, TokenInfo};
 use crate::error::Result;
+use crate::family::{opening_at, opens_as_words, read_answer, words_shown, Answer};
 use crate::request::Request;
-use crate::tools::{
-    call_lines, opening_at, opens_as_words, read_answer, tool_call, words_shown, Answer, Tools,
-};
+use crate::tools::{call_lines, tool_call, Tools};
 use std::io::Write;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -667,6 +666,7 @@ mod tests {
                 finish: Finish::Length,
                 tokens: Some(vec![token(12, " you", Some(-0.5), false)]),
                 reasoning: None,
+                stop: None,
             }],
             drafts: Drafts::default(),
             reused: 0,

@@ -688,7 +688,7 @@ fn messages(raw: &RawRequest) -> Result<Option<Vec<Message>>> {
 
 impl Request {
     /// The tools an answer may call, where it may call any: its text is
-    /// read back into calls (`tools::read_calls`).
+    /// read back into calls (`family::read_calls`).
     pub fn callable_tools(&self) -> Option<&Tools> {
         self.chat
             .as_ref()

@@ -19,6 +19,8 @@ pub struct StopMatcher {
     /// Decoded text not yet released (it could begin a stop sequence).
     held: String,
     stopped: bool,
+    /// The stop sequence that matched.
+    matched: Option<String>,
 }
 
 impl StopMatcher {
@@ -103,12 +105,19 @@ impl StopMatcher {
     /// Byte offset in `held` of the first stop match to complete (as a
     /// stream would meet it, whatever the token split); on a tie, the one
     /// that starts first.
-    fn first_match(&self) -> Option<usize> {
-        self.stops
+    fn first_match(&mut self) -> Option<usize> {
+        let (_, at, stop) = self
+            .stops
             .iter()
-            .filter_map(|s| self.held.find(s).map(|at| (at + s.len(), at)))
-            .min()
-            .map(|(_, at)| at)
+            .filter_map(|s| self.held.find(s).map(|at| (at + s.len(), at, s)))
+            .min()?;
+        self.matched = Some(stop.clone());
+        Some(at)
+    }
+
+    /// The stop sequence that ended the text, if one did.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
     }
 
     /// Length of the longest suffix of `held` that is a proper prefix of a stop.

@@ -12,6 +12,11 @@ mod generic;
 mod hermes;
 mod llama3;
 mod mistral;
+mod read;
+
+pub use read::{
+    opening_at, opens_as_words, read_answer, read_calls, whole_calls, words_shown, Answer,
+};
 
 use crate::template::Message;
 use crate::tools::{Choice, Tools};

@@ -435,6 +435,7 @@ impl Run<'_> {
                 .thought
                 .is_some()
                 .then(|| std::mem::take(&mut c.reasoning)),
+            stop: c.matcher.matched().map(str::to_string),
         });
         state.running -= 1;
         if state.running == 0 {
