@@ -450,6 +450,21 @@ mod tests {
         }
     }
 
+    /// A stream's first choice in each chunk, and its content joined.
+    fn streamed(text: &str) -> (Vec<Value>, String) {
+        let deltas: Vec<Value> = text
+            .split_terminator("\n\n")
+            .filter_map(|e| e.strip_prefix("data: "))
+            .filter(|e| *e != "[DONE]")
+            .map(|e| serde_json::from_str::<Value>(e).unwrap()["choices"][0].clone())
+            .collect();
+        let content = deltas
+            .iter()
+            .filter_map(|d| d["delta"]["content"].as_str())
+            .collect();
+        (deltas, content)
+    }
+
     fn events(w: &mut ChatWriter<&mut Vec<u8>>, pieces: &[(&str, Option<Finish>)]) {
         for (text, finish) in pieces {
             let t = token(text);
@@ -543,16 +558,7 @@ mod tests {
         all.push(("", Some(Finish::Eos)));
         events(&mut w, &all);
         let text = String::from_utf8(out).unwrap();
-        let deltas: Vec<Value> = text
-            .split_terminator("\n\n")
-            .filter_map(|e| e.strip_prefix("data: "))
-            .filter(|e| *e != "[DONE]")
-            .map(|e| serde_json::from_str::<Value>(e).unwrap()["choices"][0].clone())
-            .collect();
-        let content: String = deltas
-            .iter()
-            .filter_map(|d| d["delta"]["content"].as_str())
-            .collect();
+        let (deltas, content) = streamed(&text);
         assert_eq!(content, "Sure.", "{text}");
         let calls: Vec<&Value> = deltas
             .iter()
@@ -581,16 +587,7 @@ mod tests {
         all.push(("", Some(Finish::Length)));
         events(&mut w, &all);
         let sent = String::from_utf8(out).unwrap();
-        let deltas: Vec<Value> = sent
-            .split_terminator("\n\n")
-            .filter_map(|e| e.strip_prefix("data: "))
-            .filter(|e| *e != "[DONE]")
-            .map(|e| serde_json::from_str::<Value>(e).unwrap()["choices"][0].clone())
-            .collect();
-        let content: String = deltas
-            .iter()
-            .filter_map(|d| d["delta"]["content"].as_str())
-            .collect();
+        let (deltas, content) = streamed(&sent);
         let named = deltas
             .iter()
             .filter_map(|d| d["delta"].get("tool_calls"))
