@@ -65,8 +65,11 @@ fn serve(
     config: &crate::config::Config,
     opts: &crate::options::ServeOptions,
 ) -> crate::error::Result<()> {
-    let named = inv.flags.get(fields::MODEL.name).and_then(|m| m.as_str());
-    let (engine, name) = crate::local::load_named(named, config.model.as_deref(), &inv.runtime)?;
+    let models = crate::models::served(
+        &opts.models,
+        opts.models_dir.as_deref(),
+        config.model.as_deref(),
+    )?;
     // Request flags given at start are the server's defaults, over the
     // config's, as they are a one-shot's (`--chat-template`, `--temperature`);
     // what names the model or how this process prints is not a request's.
@@ -78,7 +81,7 @@ fn serve(
         request: config.request.clone().overlay(flags),
         ..config.clone()
     };
-    crate::serve::run(engine, name, &config, &inv.runtime, opts)
+    crate::serve::run(models, &config, &inv.runtime, opts)
 }
 
 /// `--tokenize TEXT`: the ids, space-separated or as JSON.

@@ -30,5 +30,8 @@ pub fn backend(
             return Ok((Box::leak(Box::new(resident)), name));
         }
     }
-    Ok((crate::local::load(model, runtime)?, name))
+    Ok((
+        Box::leak(Box::new(crate::local::load(model, runtime)?)),
+        name,
+    ))
 }

@@ -18,11 +18,23 @@ pub fn load_named(
 ) -> Result<(&'static Engine, String)> {
     let model = crate::models::resolve(named, config_model)?;
     let name = model.name.clone();
-    Ok((load(model, runtime)?, name))
+    Ok((Box::leak(Box::new(load(model, runtime)?)), name))
 }
 
 /// Loads `model` with `runtime`'s settings (a progress bar on a terminal).
-pub fn load(model: ModelRef, runtime: &RunSettings) -> Result<&'static Engine> {
+/// A run keeps it to the end (leaked: the OS releases a model sooner than
+/// llama.cpp's destructors would); a server of several models drops it.
+pub fn load(model: ModelRef, runtime: &RunSettings) -> Result<Engine> {
+    load_with(model, runtime, std::io::stderr().is_terminal())
+}
+
+/// Loads `model` without a progress bar: one of a server's several
+/// models, loaded while others answer (its log says when it is loaded).
+pub fn load_quietly(model: ModelRef, runtime: &RunSettings) -> Result<Engine> {
+    load_with(model, runtime, false)
+}
+
+fn load_with(model: ModelRef, runtime: &RunSettings, bar: bool) -> Result<Engine> {
     let opts = LoadOptions {
         threads: runtime.threads,
         n_gpu_layers: runtime.n_gpu_layers,
@@ -33,7 +45,7 @@ pub fn load(model: ModelRef, runtime: &RunSettings) -> Result<&'static Engine> {
         prefix_cache: runtime.prefix_cache,
         deterministic: runtime.deterministic,
     };
-    let bar = (std::io::stderr().is_terminal() && !runtime.verbose).then(|| {
+    let bar = (bar && !runtime.verbose).then(|| {
         let bar = indicatif::ProgressBar::with_draw_target(
             Some(1000),
             indicatif::ProgressDrawTarget::stderr(),
@@ -74,5 +86,5 @@ pub fn load(model: ModelRef, runtime: &RunSettings) -> Result<&'static Engine> {
             started.elapsed().as_secs_f64()
         );
     }
-    Ok(Box::leak(Box::new(engine)))
+    Ok(engine)
 }

@@ -107,20 +107,7 @@ fn find(name: &str) -> Option<PathBuf> {
 /// parameter count read from their headers (no weights loaded).
 pub fn list(out: &mut dyn std::io::Write) -> Result<()> {
     let dir = models_dir();
-    let mut files: Vec<(String, PathBuf)> = match dir.as_ref().map(std::fs::read_dir) {
-        Some(Ok(entries)) => entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
-            .map(|p| {
-                let name = p
-                    .file_stem()
-                    .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
-                (name, p)
-            })
-            .collect(),
-        _ => Vec::new(),
-    };
-    files.sort();
+    let mut files = dir.as_deref().map(ggufs_in).unwrap_or_default();
     files.extend(crate::hub::listed());
     if files.is_empty() {
         writeln!(
@@ -155,6 +142,102 @@ pub fn list(out: &mut dyn std::io::Write) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The GGUF files in `dir` by file stem, in name order (of a split model,
+/// its first part only: llama.cpp finds the rest).
+fn ggufs_in(dir: &Path) -> Vec<(String, PathBuf)> {
+    let mut files: Vec<(String, PathBuf)> = match std::fs::read_dir(dir) {
+        Ok(entries) => entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
+            .filter_map(|p| {
+                let name = p.file_stem()?.to_string_lossy().into_owned();
+                let later_part = name.rsplit_once("-of-").is_some_and(|(head, _)| {
+                    head.rsplit_once('-')
+                        .is_some_and(|(_, n)| n.parse::<u32>().is_ok_and(|n| n > 1))
+                });
+                (!later_part).then_some((name, p))
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    files.sort();
+    files
+}
+
+/// A model a server answers with, by name.
+pub struct Named {
+    /// `NAME` of `-m NAME=PATH`; else, of several, its file's stem; else
+    /// the `-m` text (what the one model's answers have always carried).
+    pub name: String,
+    /// The text that named it.
+    pub given: String,
+    pub model: ModelRef,
+}
+
+/// The models `--serve` answers with: each `-m` (`PATH`, a name, a hub
+/// name, or `NAME=` before one) and every GGUF in `--models-dir`; with
+/// neither, the one a run would use.
+pub fn served(given: &[String], dir: Option<&Path>, config: Option<&str>) -> Result<Vec<Named>> {
+    let several = given.len() > 1 || dir.is_some();
+    let mut named = Vec::new();
+    for text in given {
+        let (name, what) = match text.split_once('=') {
+            Some((name, what)) if !name.is_empty() && !Path::new(text).exists() => {
+                (Some(name.to_string()), what)
+            }
+            _ => (None, text.as_str()),
+        };
+        let model = resolve(Some(what), None)?;
+        let stem = model
+            .path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned());
+        let name = name
+            .or(stem.filter(|_| several))
+            .unwrap_or_else(|| model.name.clone());
+        named.push(Named {
+            name,
+            given: what.to_string(),
+            model,
+        });
+    }
+    if let Some(dir) = dir {
+        let files = ggufs_in(dir);
+        if files.is_empty() {
+            return Err(CmplError::invalid(
+                "models_dir",
+                format!("--models-dir {}: no .gguf files there", dir.display()),
+            ));
+        }
+        for (name, path) in files {
+            let given = path.display().to_string();
+            let model = ModelRef {
+                name: name.clone(),
+                path,
+                finder: Finder(local_or_cached),
+            };
+            named.push(Named { name, given, model });
+        }
+    }
+    if named.is_empty() {
+        let model = resolve(None, config)?;
+        named.push(Named {
+            name: model.name.clone(),
+            given: model.name.clone(),
+            model,
+        });
+    }
+    for (i, a) in named.iter().enumerate() {
+        if named[..i].iter().any(|b| b.name == a.name) {
+            return Err(CmplError::invalid(
+                "model",
+                format!("two models are named `{}`: name one -m NAME=PATH", a.name),
+            ));
+        }
+    }
+    Ok(named)
 }
 
 fn size_text(bytes: u64) -> String {

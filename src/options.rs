@@ -183,6 +183,17 @@ pub struct ServeOptions {
     /// Started by a caller (`CMPL_RESIDENT_READY`): stdout is a pipe that
     /// hears `ready` once this listens, or the error that stopped it.
     pub ready_pipe: bool,
+    /// Every `-m` given: several are several models behind one address.
+    pub models: Vec<String>,
+    /// `--models-dir DIR`: every GGUF there.
+    pub models_dir: Option<std::path::PathBuf>,
+    /// Of several models: how many may be loaded at once (`--models-max`),
+    /// what they may hold (`--models-memory`), how long one may idle
+    /// loaded (`--models-idle`), and which stay (`--pin`).
+    pub models_max: Option<usize>,
+    pub models_memory: Option<u64>,
+    pub models_idle: Option<Duration>,
+    pub pin: Vec<String>,
 }
 
 /// `--batch [FILE]` and `--output FILE`.

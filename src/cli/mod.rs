@@ -77,13 +77,16 @@ pub struct Cli {
     /// GGUF model file, the name of one in the models folder, or a Hugging Face
     /// model hf.co/ORG/REPO[:QUANT] (downloaded once into the hub cache)
     /// [default: $CMPL_MODEL, the config's model, then gemma-3-270m-q4_k_m.gguf in the cache dir].
+    /// With --serve, given again: several models behind one address, each
+    /// answering to its file's stem, or to NAME as -m NAME=PATH.
     #[arg(
         short = 'm',
         long,
         value_name = "PATH|NAME|hf.co/ORG/REPO[:QUANT]",
+        action = ArgAction::Append,
         help_heading = "Request"
     )]
-    pub model: Option<String>,
+    pub model: Vec<String>,
 
     /// Tokens to generate per choice, 1.. [default: 128].
     #[arg(long, value_name = "N", help_heading = "Request")]
@@ -403,6 +406,29 @@ pub struct Cli {
     #[arg(long, value_name = "SECS", requires = "serve", value_parser = clap::value_parser!(u64).range(1..=86400), help_heading = "Server")]
     pub queue_timeout: Option<u64>,
 
+    /// With --serve of several models: how many may be loaded at once (the
+    /// least recently used idle one leaves for another) [default: as many
+    /// as the memory budget holds].
+    #[arg(long, value_name = "N", requires = "serve", value_parser = clap::value_parser!(u64).range(1..=4096), help_heading = "Server")]
+    pub models_max: Option<u64>,
+
+    /// With --serve of several models: the memory the loaded models may
+    /// hold together (weights and KV cache), in bytes or with K, M or G
+    /// [default: three quarters of the memory free at start].
+    #[arg(long, value_name = "SIZE", requires = "serve", value_parser = values::byte_size, help_heading = "Server")]
+    pub models_memory: Option<u64>,
+
+    /// With --serve of several models: a model without a request for
+    /// DURATION is unloaded (30s, 5m, 1h) [default: never; --keep-alive
+    /// still ends the whole server].
+    #[arg(long, value_name = "DURATION", requires = "serve", value_parser = parse_duration, help_heading = "Server")]
+    pub models_idle: Option<Duration>,
+
+    /// With --serve of several models: load NAME at start and keep it
+    /// loaded (given again, several).
+    #[arg(long, value_name = "NAME", requires = "serve", action = ArgAction::Append, help_heading = "Server")]
+    pub pin: Vec<String>,
+
     /// Send requests to a server's completions API at this root
     /// (http://127.0.0.1:8080/v1) instead of running a local model; given
     /// again, several engines share the requests [default: $CMPL_BASE_URL].
@@ -468,9 +494,11 @@ pub struct Cli {
     #[arg(long, help_heading = "Other")]
     pub list_models: bool,
 
-    /// Print the models folder: where -m NAME looks, and where the default model goes.
-    #[arg(long, help_heading = "Other")]
-    pub models_dir: bool,
+    /// Print the models folder: where -m NAME looks, and where the default
+    /// model goes. With --serve and DIR: serve every GGUF in DIR, each by
+    /// its file's stem.
+    #[arg(long, value_name = "DIR", num_args = 0..=1, help_heading = "Other")]
+    pub models_dir: Option<Option<PathBuf>>,
 
     /// Print the man page or a shell completion script.
     #[arg(

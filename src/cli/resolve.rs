@@ -59,7 +59,7 @@ impl Cli {
             Action::Generate(kind)
         } else if self.list_models {
             Action::ListModels
-        } else if self.models_dir {
+        } else if matches!(self.models_dir, Some(None)) {
             Action::ModelsDir
         } else if self.ps {
             Action::Ps
@@ -91,10 +91,29 @@ impl Cli {
                 ),
                 compat,
                 ready_pipe: std::env::var_os("CMPL_RESIDENT_READY").is_some(),
+                models: self.model.clone(),
+                models_dir: self.models_dir.clone().flatten(),
+                models_max: self.models_max.map(|n| n as usize),
+                models_memory: self.models_memory,
+                models_idle: self.models_idle,
+                pin: self.pin.clone(),
             })
         } else {
             Action::Complete
         };
+        let serving = matches!(action, Action::Serve(_));
+        if self.model.len() > 1 && !serving {
+            return Err(CmplError::invalid(
+                fields::MODEL.name,
+                format!("-m is given {} times; several models are served with --serve, and a run uses one: give -m once", self.model.len()),
+            ));
+        }
+        if let (Some(Some(dir)), false) = (&self.models_dir, serving) {
+            return Err(CmplError::invalid(
+                "models_dir",
+                format!("--models-dir {} serves the models there and needs --serve; without DIR it prints the models folder", dir.display()),
+            ));
+        }
         // The flags, else the environment's, else the config's.
         let base_urls = [
             self.base_url.clone(),
@@ -216,7 +235,10 @@ impl Cli {
             })
             .transpose()
         };
-        put(fields::MODEL.name, self.model.clone().map(Value::String));
+        put(
+            fields::MODEL.name,
+            self.model.first().cloned().map(Value::String),
+        );
         put(fields::MAX_TOKENS.name, self.max_tokens.map(|v| json!(v)));
         if !self.stop.is_empty() {
             put(fields::STOP.name, Some(json!(self.stop)));

@@ -445,7 +445,10 @@ impl Backend for Resident {
             );
         }
         unfit.sort_unstable();
-        let engine = crate::local::load(self.model.clone(), &self.runtime)?;
+        let engine = Box::leak(Box::new(crate::local::load(
+            self.model.clone(),
+            &self.runtime,
+        )?));
         let requests = unfit
             .iter()
             .map(|job| {

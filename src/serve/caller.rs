@@ -49,9 +49,13 @@ pub async fn run_for_caller(req: hyper::Request<Incoming>, shared: &Shared) -> R
         Err((status, e)) => return error(status, &e),
     };
     drop(body);
+    let (served, hold) = match shared.model(None).await {
+        Ok(model) => model,
+        Err((status, e)) => return error(status, &e),
+    };
     // Rendered off the decode loop, as a chat on the endpoints is; a
     // template's refusal travels as an event, as the engine's would.
-    let request = match render_chats(vec![ask.request], shared).await {
+    let request = match render_chats(vec![ask.request], &served.engine).await {
         Ok(mut one) => one.remove(0),
         Err(error) => {
             shared.metrics.answered(status_of(&error).as_u16());
@@ -82,13 +86,9 @@ pub async fn run_for_caller(req: hyper::Request<Incoming>, shared: &Shared) -> R
         place: places.remove(0),
         caller: Some(caller),
         started: Instant::now(),
+        hold,
     };
-    if !shared
-        .submit
-        .lock()
-        .map(|s| s.send(submission).is_ok())
-        .unwrap_or(false)
-    {
+    if !served.submit(submission) {
         return error(
             StatusCode::SERVICE_UNAVAILABLE,
             &CmplError::new(ErrorKind::Unavailable, "the server is stopping"),
@@ -113,7 +113,7 @@ mod tests {
     fn policy(trust_request_templates: bool) -> Policy {
         let listen = Listen::Unix("/tmp/r.sock".into());
         let opts = serve_options(listen, trust_request_templates);
-        Policy::new("served".into(), &Config::default(), &opts, 2)
+        Policy::new("served".into(), &Config::default(), &opts, 2, false)
     }
 
     /// A caller's body for the request `body`, as `resident` sends it.

@@ -6,8 +6,11 @@
 use super::body::{Out, OutBody};
 use super::limits::{read_body, InFlight, Watch};
 use super::reply::{busy, error, json, status_of, Refusal, Response};
+use super::router::Hold;
+use super::served::Served;
 use super::worker::Submission;
 use super::Shared;
+use crate::engine::Engine;
 use crate::error::{CmplError, ErrorKind, Result};
 use crate::request::Request;
 use crate::shape::Shape;
@@ -15,6 +18,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::StatusCode;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Which API a completion body speaks.
@@ -52,10 +56,18 @@ pub async fn complete(req: hyper::Request<Incoming>, shared: &Shared, api: Api) 
     };
     let body_bytes = body.bytes.len();
     drop(body);
+    // Its model, loaded (it may wait for its turn), held while it runs.
+    let (served, hold) = match shared.model(requests[0].model.as_deref()).await {
+        Ok(model) => model,
+        Err((status, e)) => return error(status, &e),
+    };
+    if let Err(e) = requests.iter().try_for_each(|r| served.check_n(r.n)) {
+        return error(StatusCode::BAD_REQUEST, &e);
+    }
     // A chat template renders on a blocking thread (in its bounded child),
     // never on the decode loop, whose other clients would wait for it
     // (callers' requests too, in `run_for_caller`).
-    let requests = match render_chats(requests, shared).await {
+    let requests = match render_chats(requests, &served.engine).await {
         Ok(r) => r,
         Err(e) => return error(status_of(&e), &e),
     };
@@ -93,7 +105,8 @@ pub async fn complete(req: hyper::Request<Incoming>, shared: &Shared, api: Api) 
             },
             false => Shape::json(),
         });
-        match submit(request, place, &path, shape, shared) {
+        let to = (&*served, hold.clone());
+        match submit(request, place, &path, shape, to, shared) {
             Ok(answer) => answers.push(answer),
             Err((status, e)) => return error(status, &e),
         }
@@ -138,11 +151,11 @@ pub fn queue_full(shared: &Shared) -> String {
     )
 }
 
-pub async fn render_chats(requests: Vec<Request>, shared: &Shared) -> Result<Vec<Request>> {
+pub async fn render_chats(requests: Vec<Request>, engine: &Arc<Engine>) -> Result<Vec<Request>> {
     if requests.iter().all(|r| r.chat.is_none()) {
         return Ok(requests);
     }
-    let engine = shared.engine;
+    let engine = engine.clone();
     tokio::task::spawn_blocking(move || {
         requests
             .into_iter()
@@ -160,12 +173,13 @@ struct Answer {
     watch: Watch,
 }
 
-/// Hands `request` to the decode loop.
+/// Hands `request` to its model's decode loop, held while it runs.
 fn submit(
     request: Request,
     place: InFlight,
     path: &str,
     shape: Shape,
+    (served, hold): (&Served, Hold),
     shared: &Shared,
 ) -> std::result::Result<(bool, Answer), Refusal> {
     let name = request
@@ -187,13 +201,9 @@ fn submit(
         place,
         caller: None,
         started: Instant::now(),
+        hold,
     };
-    let sent = shared
-        .submit
-        .lock()
-        .map(|s| s.send(submission).is_ok())
-        .unwrap_or(false);
-    if !sent {
+    if !served.submit(submission) {
         return Err((
             StatusCode::SERVICE_UNAVAILABLE,
             CmplError::new(ErrorKind::Unavailable, "the server is stopping"),

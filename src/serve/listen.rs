@@ -6,10 +6,9 @@ use super::routes::handle;
 use super::{conns, Shared, Stop};
 use crate::error::{CmplError, ErrorKind, Result};
 use crate::options::Listen;
-use crate::wire;
 use http_body_util::BodyExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -172,7 +171,6 @@ pub async fn serve(
     listener: Listener,
     shared: Arc<Shared>,
     connections: usize,
-    ended: &AtomicBool,
     drain: Duration,
 ) -> Result<Stop> {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
@@ -182,7 +180,6 @@ pub async fn serve(
         .keep_alive(true);
     let conns = Arc::new(conns::Conns::new(connections));
     let mut poll = tokio::time::interval(Duration::from_millis(100));
-    let model_file = wire::identity(shared.engine.model_file()).ok();
     let mut ticks = 0u64;
     // Idle from now, not from before the context and the calibration: a
     // short keep-alive must not end a resident before its caller's request.
@@ -224,7 +221,7 @@ pub async fn serve(
             }
             _ = poll.tick() => {
                 ticks += 1;
-                if ended.load(Ordering::SeqCst) {
+                if shared.router.ended() {
                     break Stop::EngineEnded;
                 }
                 if crate::signal::INTERRUPTED.load(Ordering::Relaxed) {
@@ -236,10 +233,13 @@ pub async fn serve(
                         break Stop::Drained;
                     }
                 }
-                // Once a second: never answer for another file than the one loaded.
-                if ticks % 10 == 0 && wire::identity(shared.engine.model_file()).ok() != model_file {
-                    eprintln!("cmpl: the model file {} changed on disk: stopping", shared.engine.model_file().display());
-                    break Stop::Drained;
+                // Once a second: idle models leave, and never an answer
+                // for another file than the one loaded.
+                if ticks % 10 == 0 {
+                    if let Some(why) = shared.router.tick() {
+                        eprintln!("cmpl: {why}");
+                        break Stop::Drained;
+                    }
                 }
             }
         }

@@ -62,11 +62,15 @@ pub async fn count_tokens(req: hyper::Request<Incoming>, shared: &Shared) -> Res
         Err((status, e)) => return error(status, &e),
     };
     drop(body);
-    let request = match render_chats(vec![request], shared).await {
+    let (served, _hold) = match shared.model(request.model.as_deref()).await {
+        Ok(model) => model,
+        Err((status, e)) => return error(status, &e),
+    };
+    let request = match render_chats(vec![request], &served.engine).await {
         Ok(mut r) => r.remove(0),
         Err(e) => return error(status_of(&e), &e),
     };
-    let engine = shared.engine;
+    let engine = served.engine.clone();
     let counted = tokio::task::spawn_blocking(move || {
         engine.tokens_of(&request.prompt, true, crate::fields::MESSAGES.name)
     })

@@ -83,6 +83,9 @@ pub struct Metrics {
     ttft: Histogram,
     /// Between two tokens of one answer.
     itl: Histogram,
+    /// The server's, where these are one model's of several: everything
+    /// counted here is counted there too.
+    parent: Option<std::sync::Arc<Metrics>>,
 }
 
 impl Default for Metrics {
@@ -98,6 +101,7 @@ impl Default for Metrics {
             latency: Histogram::new(BUCKETS),
             ttft: Histogram::new(TTFT_BUCKETS),
             itl: Histogram::new(ITL_BUCKETS),
+            parent: None,
         }
     }
 }
@@ -113,7 +117,18 @@ pub struct Finished {
 }
 
 impl Metrics {
+    /// One model's numbers, counted in the server's too.
+    pub fn child(parent: std::sync::Arc<Metrics>) -> Metrics {
+        Metrics {
+            parent: Some(parent),
+            ..Metrics::default()
+        }
+    }
+
     pub fn finished(&self, f: &Finished) {
+        if let Some(p) = &self.parent {
+            p.finished(f);
+        }
         self.prompt_tokens
             .fetch_add(u64::from(f.prompt_tokens), Relaxed);
         self.generation_tokens
@@ -122,13 +137,16 @@ impl Metrics {
         self.drafted.fetch_add(u64::from(f.drafts.drafted), Relaxed);
         self.accepted
             .fetch_add(u64::from(f.drafts.accepted), Relaxed);
-        self.answered(f.status);
+        self.count(f.status);
         self.latency.observe(f.started.elapsed().as_secs_f64());
     }
 
     /// A token sent: the first of its answer `since` its arrival, else
     /// `since` the one before.
     pub fn token(&self, first: bool, since: Instant) {
+        if let Some(p) = &self.parent {
+            p.token(first, since);
+        }
         let seconds = since.elapsed().as_secs_f64();
         match first {
             true => self.ttft.observe(seconds),
@@ -139,6 +157,13 @@ impl Metrics {
     /// A completion answered with `status` (one refused before the decode
     /// loop, or finished: `finished` counts those).
     pub fn answered(&self, status: u16) {
+        if let Some(p) = &self.parent {
+            p.answered(status);
+        }
+        self.count(status);
+    }
+
+    fn count(&self, status: u16) {
         if let Ok(mut s) = self.statuses.lock() {
             *s.entry(status).or_default() += 1;
         }
@@ -257,6 +282,76 @@ impl Metrics {
             "Time between two tokens written of one answer.",
         );
         out
+    }
+}
+
+/// One of a server's several models, as `/metrics` labels it.
+pub struct ModelSample<'a> {
+    pub name: &'a str,
+    pub loaded: bool,
+    pub metrics: &'a Metrics,
+    pub loads: u64,
+    /// What it holds in memory now.
+    pub memory: u64,
+}
+
+/// The samples of each of several models, labelled `model`.
+pub fn render_models(out: &mut String, models: &[ModelSample]) {
+    type Value = fn(&ModelSample) -> u64;
+    let series: [(&str, &str, &str, Value); 7] = [
+        (
+            "cmpl:model_loaded",
+            "gauge",
+            "Whether the model is loaded.",
+            |m| u64::from(m.loaded),
+        ),
+        (
+            "cmpl:model_memory_bytes",
+            "gauge",
+            "What the model holds in memory: its weights and its slots' KV cache.",
+            |m| m.memory,
+        ),
+        (
+            "cmpl:model_loads_total",
+            "counter",
+            "Times the model was loaded.",
+            |m| m.loads,
+        ),
+        (
+            "cmpl:model_requests_running",
+            "gauge",
+            "Requests in the model's slots now.",
+            |m| m.metrics.running.load(Relaxed),
+        ),
+        (
+            "cmpl:model_requests_total",
+            "counter",
+            "Completions the model answered, whatever their status.",
+            |m| m.metrics.requests(),
+        ),
+        (
+            "cmpl:model_prompt_tokens_total",
+            "counter",
+            "Prompt tokens of the model's requests answered.",
+            |m| m.metrics.prompt_tokens.load(Relaxed),
+        ),
+        (
+            "cmpl:model_generation_tokens_total",
+            "counter",
+            "Tokens the model generated.",
+            |m| m.metrics.generation_tokens.load(Relaxed),
+        ),
+    ];
+    for (name, kind, help, value) in series {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for m in models {
+            let label = m
+                .name
+                .replace('\\', "\\\\")
+                .replace('"', "\\\"")
+                .replace('\n', "\\n");
+            let _ = writeln!(out, "{name}{{model=\"{label}\"}} {}", value(m));
+        }
     }
 }
 

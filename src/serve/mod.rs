@@ -22,22 +22,25 @@ mod completions;
 mod conns;
 mod limits;
 mod listen;
+mod manage;
 mod messages;
 mod metrics;
 mod policy;
 mod reply;
+mod router;
 mod routes;
+mod served;
 mod tokenizer;
+mod turns;
 mod worker;
 
 use crate::config::Config;
-use crate::engine::Engine;
-use crate::error::{CmplError, ErrorKind, Result};
+use crate::error::{CmplError, Result};
+use crate::models::Named;
 use crate::options::{Listen, ServeOptions};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
 use std::time::Duration;
-use worker::Submission;
 
 /// What every connection shares.
 struct Shared {
@@ -47,27 +50,40 @@ struct Shared {
     /// Listening on a Unix socket: cmpl's callers (`wire::RUN`) are heard,
     /// since their requests arrive validated by the caller's own process.
     callers: bool,
-    submit: std::sync::Mutex<mpsc::Sender<Submission>>,
     /// Requests waiting or running, and when the last one was.
     queue: limits::Queue,
     /// Bytes of request bodies being read or parsed now.
     body_bytes: Arc<AtomicUsize>,
+    /// The server's numbers (each model's total here).
     metrics: Arc<metrics::Metrics>,
-    /// For `--ps`: the load settings (the model file is the engine's).
+    /// For `--ps`: the load settings.
     settings: String,
     keep_alive: Option<Duration>,
-    /// The safety models requests name (the decode loop's too).
+    /// The safety models requests name (the decode loops' too).
     verdicts: Arc<crate::safety::Verdicts>,
-    /// Its model: chat requests' templates, rendered before they are
-    /// queued, and the file `--ps` shows and the server watches.
-    engine: &'static Engine,
+    /// Its models: each one's engine renders its chat requests' templates
+    /// before they are queued, and takes them on its decode loop.
+    router: router::Router,
 }
 
-/// Serves `engine` (the model named `model`) until SIGINT or SIGTERM, then
-/// finishes the requests in flight and returns.
+impl Shared {
+    /// The model a request names (`None`: the first), loaded: the request
+    /// waits for it up to `--queue-timeout`, and holds it while it runs.
+    async fn model(
+        &self,
+        named: Option<&str>,
+    ) -> std::result::Result<(Arc<served::Served>, router::Hold), reply::Refusal> {
+        let i = self.router.pick(named)?;
+        self.queue.touch();
+        self.router.acquire(i, self.queue.timeout).await
+    }
+}
+
+/// Serves `models` until SIGINT or SIGTERM, then finishes the requests in
+/// flight and returns. One is loaded before the server listens; of
+/// several, the pinned ones are, and the rest when first asked.
 pub fn run(
-    engine: &'static Engine,
-    model: String,
+    models: Vec<Named>,
     config: &Config,
     runtime: &crate::options::RunSettings,
     opts: &ServeOptions,
@@ -75,9 +91,44 @@ pub fn run(
     let key = auth::api_key()?;
     keyed_if_reachable(&opts.listen, key.is_some())?;
     let connections = listen::connection_limit();
-    let (submit, submissions) = mpsc::channel();
-    let parallel = engine.serve_slots(opts.parallel, opts.ctx_size);
-    let policy = policy::Policy::new(model.clone(), config, opts, parallel);
+    let metrics = Arc::new(metrics::Metrics::default());
+    let verdicts = Arc::new(crate::safety::Verdicts::start(
+        &crate::options::RunSettings {
+            keep_alive: None,
+            ..runtime.clone()
+        },
+    ));
+    let several = models.len() > 1;
+    let mut entries: Vec<router::Entry> = models
+        .into_iter()
+        .map(|m| router::Entry::new(m, &metrics))
+        .collect();
+    pin(&mut entries, &opts.pin, several)?;
+    let router = router::Router::new(
+        entries,
+        turns::Limits {
+            max: opts.models_max.unwrap_or(usize::MAX),
+            memory: opts.models_memory.unwrap_or_else(default_budget),
+        },
+        router::How {
+            runtime: runtime.clone(),
+            parallel: opts.parallel,
+            ctx_size: opts.ctx_size,
+            verdicts: verdicts.clone(),
+            idle: opts.models_idle,
+        },
+    );
+    // Start-up failed (the memory check, the context): say why, before
+    // anything listens.
+    router.load_pinned()?;
+    // Of several, the slots a request's `n` is first checked against (each
+    // model's own once it is loaded).
+    let parallel = match router.loaded().first() {
+        Some((_, served)) if !several => served.parallel,
+        _ => opts.parallel.unwrap_or(crate::cells::DEFAULT_PARALLEL),
+    };
+    let first = router.entries()[0].name.clone();
+    let policy = policy::Policy::new(first.clone(), config, opts, parallel, several);
     // Waiting requests may hold an eighth of the memory free now.
     let queue_memory = opts.queue_memory.map_or_else(
         || {
@@ -86,53 +137,25 @@ pub fn run(
         },
         |m| m as usize,
     );
+    let shown = match several {
+        false => first,
+        true => {
+            let names: Vec<&str> = router.entries().iter().map(|e| e.name.as_str()).collect();
+            format!("{} models ({})", names.len(), names.join(", "))
+        }
+    };
     let shared = Arc::new(Shared {
-        engine,
         queue: limits::Queue::new(queue_memory, opts.queue_timeout),
         policy,
         key,
         callers: matches!(opts.listen, Listen::Unix(_)),
-        submit: std::sync::Mutex::new(submit),
         body_bytes: Arc::new(AtomicUsize::new(0)),
-        metrics: Arc::new(metrics::Metrics::default()),
+        metrics,
         settings: settings(runtime, opts, parallel),
         keep_alive: opts.keep_alive,
-        verdicts: Arc::new(crate::safety::Verdicts::start(
-            &crate::options::RunSettings {
-                keep_alive: None,
-                ..runtime.clone()
-            },
-        )),
+        verdicts,
+        router: router.clone(),
     });
-    // The decode loop's thread: `ready` once its context exists, `ended`
-    // when it returns (a failure ends the server: never a live-looking
-    // server that cannot answer), `abort` when the drain time is up.
-    let ctx_size = opts.ctx_size;
-    let (ready_tx, ready) = mpsc::channel();
-    let ended = Arc::new(AtomicBool::new(false));
-    let abort = Arc::new(AtomicBool::new(false));
-    let decoder = {
-        let (ended, abort) = (ended.clone(), abort.clone());
-        let (metrics, verdicts) = (shared.metrics.clone(), shared.verdicts.clone());
-        std::thread::spawn(move || {
-            let outcome = worker::run(
-                engine,
-                (parallel, ctx_size),
-                submissions,
-                ready_tx,
-                &abort,
-                &metrics,
-                &verdicts,
-            );
-            ended.store(true, Ordering::SeqCst);
-            outcome
-        })
-    };
-    if ready.recv().is_err() {
-        // Start-up failed (the memory check, the context): say why, before
-        // anything listens.
-        return join(decoder);
-    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -142,7 +165,7 @@ pub fn run(
         listen::Listener::bind(&opts.listen)?
     };
     eprintln!(
-        "cmpl: serving {model} on {} (Ctrl-C to stop)",
+        "cmpl: serving {shown} on {} (Ctrl-C to stop)",
         listener.shown(&opts.listen)
     );
     if opts.ready_pipe {
@@ -152,30 +175,46 @@ pub fn run(
         listener,
         shared.clone(),
         connections,
-        &ended,
         opts.drain,
     ))?;
-    if stop == Stop::DrainExpired {
-        abort.store(true, Ordering::SeqCst);
-    }
     // No more requests: the connections still open (a client that stopped
-    // reading its stream) go with the runtime, and with them the last
-    // handle on the queue, so the decode loop ends once the last request is
-    // answered, or at once when the drain time ran out.
+    // reading its stream) go with the runtime; each decode loop ends once
+    // its last request is answered, or at once when the drain time ran out.
     runtime.shutdown_background();
     drop(shared);
-    match join(decoder) {
-        Err(e) if e.kind == ErrorKind::Interrupted && stop == Stop::DrainExpired => {
-            Err(CmplError::new(
-                ErrorKind::Unavailable,
-                format!(
-                    "the drain time ({} s, --drain-timeout) ran out: the requests still running were cancelled",
-                    opts.drain.as_secs()
-                ),
-            ))
-        }
-        outcome => outcome,
+    let expired = stop == Stop::DrainExpired;
+    let outcome = router.stop(expired);
+    match expired {
+        true => served::drained(outcome, opts.drain.as_secs()),
+        false => outcome,
     }
+}
+
+/// Marks the models `--pin` names (the one model, where there is one).
+fn pin(entries: &mut [router::Entry], pins: &[String], several: bool) -> Result<()> {
+    for named in pins {
+        let Some(e) = entries.iter_mut().find(|e| e.answers_to(named)) else {
+            let names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+            return Err(CmplError::invalid(
+                "pin",
+                format!(
+                    "--pin {named}: no such model here; the models are {}",
+                    names.join(", ")
+                ),
+            ));
+        };
+        e.pinned = true;
+    }
+    if !several {
+        entries[0].pinned = true;
+    }
+    Ok(())
+}
+
+/// The memory several models may hold together without
+/// `--models-memory`: three quarters of what is free at start.
+fn default_budget() -> u64 {
+    crate::engine::available_memory().map_or(u64::MAX, |m| m / 4 * 3)
 }
 
 /// A server other machines can reach must have an API key.
@@ -220,13 +259,6 @@ fn settings(r: &crate::options::RunSettings, opts: &ServeOptions, parallel: u32)
     settings
 }
 
-fn join(decoder: std::thread::JoinHandle<Result<()>>) -> Result<()> {
-    match decoder.join() {
-        Ok(outcome) => outcome,
-        Err(_) => Err(CmplError::internal("the decode loop panicked")),
-    }
-}
-
 /// How the accept loop ended.
 #[derive(Debug, PartialEq, Eq)]
 enum Stop {
@@ -257,6 +289,12 @@ mod tests {
             queue_timeout: Duration::from_secs(1),
             compat: Default::default(),
             ready_pipe: false,
+            models: Vec::new(),
+            models_dir: None,
+            models_max: None,
+            models_memory: None,
+            models_idle: None,
+            pin: Vec::new(),
         }
     }
 
@@ -276,7 +314,7 @@ mod tests {
         }
         for addr in ["0.0.0.0:8080", "[::]:8080", "192.168.1.5:80"] {
             let e = keyed_if_reachable(&tcp(addr), false).unwrap_err();
-            assert_eq!(e.kind, ErrorKind::InvalidRequest);
+            assert_eq!(e.kind, crate::error::ErrorKind::InvalidRequest);
             assert_eq!(e.param.as_deref(), Some("serve"));
             let said = format!("--serve {addr} is reachable from other machines");
             assert!(e.message.starts_with(&said), "{}", e.message);
@@ -320,23 +358,5 @@ mod tests {
             settings(&r, &opts, 2),
             "slots 2, ctx 8192, threads 8, ngl 99, lookup 3, rpc h1:1,h2:2, no-repack, no-prefix-cache, deterministic"
         );
-    }
-
-    #[test]
-    fn the_decode_loops_outcome_is_the_servers() {
-        assert!(join(std::thread::spawn(|| Ok(()))).is_ok());
-        let failed = join(std::thread::spawn(|| {
-            Err(CmplError::new(ErrorKind::Model, "out of memory"))
-        }))
-        .unwrap_err();
-        assert_eq!(failed.kind, ErrorKind::Model);
-        assert_eq!(failed.message, "out of memory");
-    }
-
-    #[test]
-    fn a_decode_loop_that_panicked_is_an_internal_error() {
-        let e = join(std::thread::spawn(|| panic!("on purpose"))).unwrap_err();
-        assert_eq!(e.kind, ErrorKind::Internal);
-        assert_eq!(e.message, "the decode loop panicked");
     }
 }

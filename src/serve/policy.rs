@@ -32,13 +32,20 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// The policy of a server of `parallel` slots.
-    pub fn new(model: String, config: &Config, opts: &ServeOptions, parallel: u32) -> Policy {
+    /// The policy of a server of `parallel` slots (of `several` models,
+    /// which the router picks among by name: none is strict here).
+    pub fn new(
+        model: String,
+        config: &Config,
+        opts: &ServeOptions,
+        parallel: u32,
+        several: bool,
+    ) -> Policy {
         let mut defaults = config.request.clone();
         defaults.fields.remove(fields::CHAT_TEMPLATE.name);
         Policy {
             model,
-            strict_model: opts.strict_model,
+            strict_model: opts.strict_model && !several,
             trust_request_templates: opts.trust_request_templates,
             defaults,
             template: config.request.get(fields::CHAT_TEMPLATE.name).cloned(),
@@ -198,8 +205,14 @@ mod tests {
             queue_timeout: std::time::Duration::from_secs(1),
             compat: Default::default(),
             ready_pipe: false,
+            models: Vec::new(),
+            models_dir: None,
+            models_max: None,
+            models_memory: None,
+            models_idle: None,
+            pin: Vec::new(),
         };
-        Policy::new("served".into(), &config, &opts, 2)
+        Policy::new("served".into(), &config, &opts, 2, false)
     }
 
     fn refused(outcome: std::result::Result<Vec<Request>, Refusal>) -> (u16, CmplError) {

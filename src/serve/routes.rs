@@ -2,14 +2,16 @@
 //! and what must hold before it is answered (the API key, a Unix socket).
 
 use super::completions::Api;
+use super::metrics::{render_models, ModelSample};
 use super::reply::{error, json, Response};
-use super::{about, auth, caller, completions, messages, tokenizer, Shared};
+use super::{about, auth, caller, completions, manage, messages, tokenizer, Shared};
 use crate::error::CmplError;
 use crate::wire;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Method, StatusCode};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -34,6 +36,9 @@ pub enum Route {
     Tokenize,
     Detokenize,
     TokenizerInfo,
+    /// Loading and unloading a model by hand.
+    LoadModel,
+    UnloadModel,
 }
 
 /// Every path the server answers, the API's with and without `/v1`.
@@ -48,6 +53,8 @@ const TABLE: &[(&str, Route)] = &[
     ("/responses", Route::Responses),
     ("/v1/models", Route::Models),
     ("/models", Route::Models),
+    ("/models/load", Route::LoadModel),
+    ("/models/unload", Route::UnloadModel),
     ("/health", Route::Health),
     ("/v1/health", Route::Health),
     ("/metrics", Route::Metrics),
@@ -80,7 +87,9 @@ impl Route {
             | Route::Responses
             | Route::Caller
             | Route::Tokenize
-            | Route::Detokenize => Some(Method::POST),
+            | Route::Detokenize
+            | Route::LoadModel
+            | Route::UnloadModel => Some(Method::POST),
         }
     }
 
@@ -119,7 +128,7 @@ pub async fn handle(req: hyper::Request<Incoming>, shared: Arc<Shared>) -> Respo
 }
 
 const NO_ROUTE: &str =
-    "the API is POST /v1/completions, POST /v1/chat/completions, POST /v1/messages (and its count_tokens), POST /v1/responses, GET /v1/models, and the tokenizer's POST /tokenize, POST /detokenize and GET /tokenizer_info";
+    "the API is POST /v1/completions, POST /v1/chat/completions, POST /v1/messages (and its count_tokens), POST /v1/responses, GET /v1/models (and POST /models/load, /models/unload), and the tokenizer's POST /tokenize, POST /detokenize and GET /tokenizer_info";
 
 async fn route(req: hyper::Request<Incoming>, shared: &Shared) -> Response {
     let path = req.uri().path().to_string();
@@ -148,7 +157,7 @@ async fn route(req: hyper::Request<Incoming>, shared: &Shared) -> Response {
     let in_flight = || shared.queue.len() as u64;
     match route {
         Route::Health => unreachable!("answered above"),
-        Route::Models => json(StatusCode::OK, about::models(&shared.policy.model)),
+        Route::Models => json(StatusCode::OK, about::models(&shared.router.list())),
         Route::Status => json(StatusCode::OK, about::status(shared, in_flight())),
         Route::Metrics => hyper::Response::builder()
             .status(StatusCode::OK)
@@ -156,25 +165,52 @@ async fn route(req: hyper::Request<Incoming>, shared: &Shared) -> Response {
                 hyper::header::CONTENT_TYPE,
                 "text/plain; version=0.0.4; charset=utf-8",
             )
-            .body(
-                Full::new(Bytes::from(shared.metrics.render(
-                    in_flight(),
-                    shared.policy.parallel,
-                    shared.queue.waiting_bytes() as u64,
-                )))
-                .boxed(),
-            )
+            .body(Full::new(Bytes::from(metrics(shared, in_flight()))).boxed())
             .unwrap_or_else(|_| hyper::Response::new(Full::new(Bytes::new()).boxed())),
         Route::Caller => caller::run_for_caller(req, shared).await,
         Route::Tokenize => tokenizer::tokenize(req, shared).await,
         Route::Detokenize => tokenizer::detokenize(req, shared).await,
-        Route::TokenizerInfo => tokenizer::info(shared),
+        Route::TokenizerInfo => tokenizer::info(req.uri().query(), shared).await,
+        Route::LoadModel => manage::load(req, shared).await,
+        Route::UnloadModel => manage::unload(req, shared).await,
         Route::Completions => completions::complete(req, shared, Api::Completions).await,
         Route::Chat => completions::complete(req, shared, Api::Chat).await,
         Route::Messages => completions::complete(req, shared, Api::Messages).await,
         Route::CountTokens => messages::count_tokens(req, shared).await,
         Route::Responses => completions::complete(req, shared, Api::Responses).await,
     }
+}
+
+/// The exposition: the server's numbers, each of several models' too.
+fn metrics(shared: &Shared, in_flight: u64) -> String {
+    let entries = shared.router.entries();
+    let running = entries
+        .iter()
+        .map(|e| e.metrics.running.load(Relaxed))
+        .sum();
+    shared.metrics.running.store(running, Relaxed);
+    let mut out = shared.metrics.render(
+        in_flight,
+        shared.policy.parallel,
+        shared.queue.waiting_bytes() as u64,
+    );
+    if shared.router.several() {
+        let loaded = shared.router.loaded();
+        let samples: Vec<ModelSample> = (entries.iter().enumerate())
+            .map(|(i, e)| {
+                let served = loaded.iter().find(|(j, _)| *j == i);
+                ModelSample {
+                    name: &e.name,
+                    loaded: served.is_some(),
+                    metrics: &e.metrics,
+                    loads: e.loads.load(Relaxed),
+                    memory: served.map_or(0, |(_, s)| s.footprint),
+                }
+            })
+            .collect();
+        render_models(&mut out, &samples);
+    }
+    out
 }
 
 #[cfg(test)]

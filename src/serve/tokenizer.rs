@@ -8,11 +8,13 @@ use super::completions::render_chats;
 use super::limits::read_body;
 use super::reply::{error, json, Refusal, Response};
 use super::Shared;
+use crate::engine::Engine;
 use crate::error::CmplError;
 use crate::fields;
 use hyper::body::Incoming;
 use hyper::StatusCode;
 use serde_json::{json, Map, Value};
+use std::sync::Arc;
 
 /// Ids one `/detokenize` body may list.
 const MAX_IDS: usize = 1 << 20;
@@ -26,13 +28,26 @@ pub async fn tokenize(req: hyper::Request<Incoming>, shared: &Shared) -> Respons
         Ok(body) => body,
         Err((status, e)) => return error(status, &e),
     };
-    match tokenized(body, shared).await {
+    let (served, _hold) = match shared.model(named(&body)).await {
+        Ok(model) => model,
+        Err((status, e)) => return error(status, &e),
+    };
+    match tokenized(body, &served.engine, shared).await {
         Ok(answer) => json(StatusCode::OK, answer.to_string()),
         Err(e) => error(StatusCode::BAD_REQUEST, &e),
     }
 }
 
-async fn tokenized(body: Map<String, Value>, shared: &Shared) -> Result<Value, CmplError> {
+/// The model a body names (`model`), where it names one.
+fn named(body: &Map<String, Value>) -> Option<&str> {
+    body.get(fields::MODEL.name).and_then(Value::as_str)
+}
+
+async fn tokenized(
+    body: Map<String, Value>,
+    engine: &Arc<Engine>,
+    shared: &Shared,
+) -> Result<Value, CmplError> {
     let flag = |name: &str, default: bool| match body.get(name) {
         None | Some(Value::Null) => Ok(default),
         Some(Value::Bool(b)) => Ok(*b),
@@ -41,13 +56,13 @@ async fn tokenized(body: Map<String, Value>, shared: &Shared) -> Result<Value, C
             format!("`{name}` must be true or false"),
         )),
     };
-    let engine = shared.engine;
     let max_model_len = engine.tokenizer_info().model_max_length;
     if let Some(content) = body.get("content") {
         // llama-server's shape: no BOS unless asked.
         let text = text(content, "content")?;
         let (special, pieces) = (flag("add_special", false)?, flag("with_pieces", false)?);
-        let ids = blocking(move || engine.tokens_of(&text, special, "content")).await?;
+        let tokenizer = engine.clone();
+        let ids = blocking(move || tokenizer.tokens_of(&text, special, "content")).await?;
         let tokens: Vec<Value> = match pieces {
             false => ids.iter().map(|&id| json!(id)).collect(),
             true => ids
@@ -67,6 +82,7 @@ async fn tokenized(body: Map<String, Value>, shared: &Shared) -> Result<Value, C
         (Some(given), None) => {
             let text = text(given, prompt)?;
             let special = flag("add_special_tokens", true)?;
+            let engine = engine.clone();
             blocking(move || engine.tokens_of(&text, special, prompt)).await?
         }
         (None, Some(conversation)) => {
@@ -78,8 +94,9 @@ async fn tokenized(body: Map<String, Value>, shared: &Shared) -> Result<Value, C
                 .policy
                 .parse_chat(chat.as_bytes())
                 .map_err(|(_, e)| e)?;
-            let rendered = render_chats(vec![request], shared).await?.remove(0);
+            let rendered = render_chats(vec![request], engine).await?.remove(0);
             let special = flag("add_special_tokens", false)?;
+            let engine = engine.clone();
             blocking(move || engine.tokens_of(&rendered.prompt, special, messages)).await?
         }
         _ => {
@@ -103,7 +120,11 @@ pub async fn detokenize(req: hyper::Request<Incoming>, shared: &Shared) -> Respo
         Ok(ids) => ids,
         Err(e) => return error(StatusCode::BAD_REQUEST, &e),
     };
-    let engine = shared.engine;
+    let (served, _hold) = match shared.model(named(&body)).await {
+        Ok(model) => model,
+        Err((status, e)) => return error(status, &e),
+    };
+    let engine = served.engine.clone();
     match blocking(move || engine.text_of(&ids, "tokens")).await {
         Ok(text) => {
             let mut answer = Map::new();
@@ -116,10 +137,19 @@ pub async fn detokenize(req: hyper::Request<Incoming>, shared: &Shared) -> Respo
 }
 
 /// `GET /tokenizer_info`: the special tokens, the chat template, the context.
-pub fn info(shared: &Shared) -> Response {
+/// Of the first model, or the one `?model=` names.
+pub async fn info(query: Option<&str>, shared: &Shared) -> Response {
+    let named = query
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .find_map(|pair| pair.strip_prefix("model="));
+    let (served, _hold) = match shared.model(named).await {
+        Ok(model) => model,
+        Err((status, e)) => return error(status, &e),
+    };
     json(
         StatusCode::OK,
-        serde_json::to_string(&shared.engine.tokenizer_info()).unwrap_or_default(),
+        serde_json::to_string(&served.engine.tokenizer_info()).unwrap_or_default(),
     )
 }
 

@@ -7,6 +7,7 @@
 use super::body::Out;
 use super::limits::{InFlight, Taken};
 use super::metrics::{Finished, Metrics};
+use super::router::Hold;
 use crate::api::ResponseHeader;
 use crate::backend::{Drafts, Event, OwnedEvent};
 use crate::engine::{Arrival, Cells, Engine};
@@ -39,6 +40,8 @@ pub struct Submission {
     /// request answered within these cells, as the caller's run would.
     pub caller: Option<Caller>,
     pub started: Instant,
+    /// Its hold on its model: the model stays while the request runs.
+    pub hold: Hold,
 }
 
 /// What a cmpl caller's request asks besides the request.
@@ -66,6 +69,7 @@ struct Client {
     /// Given back before the answer's last bytes are sent, so that a
     /// client sending its next request at once finds it free.
     place: Option<InFlight>,
+    _hold: Hold,
 }
 
 /// The printer's output: buffered, and sent to the connection on flush (the
@@ -168,6 +172,7 @@ pub fn run(
                 drafts: Drafts::default(),
                 reused: 0,
                 place: Some(submission.place),
+                _hold: submission.hold,
             },
         );
         metrics

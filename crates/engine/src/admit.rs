@@ -32,6 +32,42 @@ pub enum Arrival {
 /// KV cells per slot when serving without --ctx-size.
 const SERVE_CELLS_PER_SLOT: u32 = 4096;
 
+fn serve_shape(n_ctx_train: u32, parallel: u32, ctx_size: Option<u32>, exact: bool) -> KvShape {
+    let cells =
+        ctx_size.unwrap_or_else(|| parallel.saturating_mul(SERVE_CELLS_PER_SLOT.min(n_ctx_train)));
+    KvShape {
+        cells,
+        seqs: parallel,
+        layout: Layout::PerSlot,
+        shared: false,
+        exact,
+    }
+}
+
+/// What serving the model in `path` would take in memory before it is
+/// loaded (its file's size and the KV cache of `parallel` slots), as
+/// [`Engine::serve_footprint`] says once it is; `None` where the file is
+/// not a GGUF model.
+pub fn serve_footprint(
+    path: &std::path::Path,
+    parallel: u32,
+    ctx_size: Option<u32>,
+    deterministic: bool,
+) -> Option<u64> {
+    let info = cmpl_core::gguf::inspect(path).ok()?;
+    let weights = std::fs::metadata(path).ok()?.len();
+    let trained = info
+        .arch_u64("context_length")
+        .unwrap_or(u64::from(SERVE_CELLS_PER_SLOT));
+    let shape = serve_shape(
+        u32::try_from(trained).unwrap_or(u32::MAX),
+        parallel,
+        ctx_size,
+        deterministic,
+    );
+    Some(weights + crate::memory::kv_bytes(&info, shape).unwrap_or(0))
+}
+
 impl Engine {
     /// The server's slots: `parallel` where given, else as `--batch` sizes
     /// its parallelism: as many as it runs (32; with `ctx_size`, as many
@@ -54,16 +90,15 @@ impl Engine {
     /// The KV cache of `parallel` slots in `ctx_size` cells (4096 a slot
     /// without it).
     fn serve_shape(&self, parallel: u32, ctx_size: Option<u32>) -> KvShape {
-        let cells = ctx_size.unwrap_or_else(|| {
-            parallel.saturating_mul(SERVE_CELLS_PER_SLOT.min(self.n_ctx_train()))
-        });
-        KvShape {
-            cells,
-            seqs: parallel,
-            layout: Layout::PerSlot,
-            shared: false,
-            exact: self.deterministic,
-        }
+        serve_shape(self.n_ctx_train(), parallel, ctx_size, self.deterministic)
+    }
+
+    /// The memory serving this model takes with `parallel` slots: its
+    /// weights (the file's size) and its slots' KV cache.
+    pub fn serve_footprint(&self, parallel: u32, ctx_size: Option<u32>) -> u64 {
+        let weights = std::fs::metadata(self.model_file()).map_or(0, |m| m.len());
+        let kv = crate::memory::kv_bytes(&self.info, self.serve_shape(parallel, ctx_size));
+        weights + kv.unwrap_or(0)
     }
 
     /// Serves requests as `next` hands them over (it waits for one only when

@@ -32,7 +32,7 @@ mod state;
 mod tokens;
 mod vector;
 
-pub use admit::Arrival;
+pub use admit::{serve_footprint, Arrival};
 pub use cpu::cpu_features;
 pub use guide::unenforceable;
 pub use memory::available_memory;

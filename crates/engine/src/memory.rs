@@ -118,7 +118,7 @@ pub(super) fn gpu_free_memory() -> Option<u64> {
 /// model's state is not a KV cache: its head counts are 0). The KV head
 /// count may be one number or one per layer. Sliding-window layers keep only
 /// their window per stream, as llama.cpp sizes them (`llama_kv_cache_iswa`).
-fn kv_bytes(info: &GgufInfo, shape: KvShape) -> Option<u64> {
+pub(super) fn kv_bytes(info: &GgufInfo, shape: KvShape) -> Option<u64> {
     let layers = info.arch_u64("block_count")?;
     // KV heads of each layer.
     let heads_kv: Vec<u64> = match info.arch_u64_list("attention.head_count_kv") {
