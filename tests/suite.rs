@@ -29,6 +29,7 @@ mod remote;
 mod remote_protocol;
 mod resident;
 mod responses;
+mod router;
 mod rpc;
 mod safety;
 mod schema;
