@@ -23,7 +23,7 @@ _cmpl() {
 
     case "${cmd}" in
         cmpl)
-            opts="-m -n -t -c -V -h --model --max-tokens --stop --temperature --top-p --top-k --repetition-penalty --stream --logprobs --echo --n --safety-model --min-p --presence-penalty --frequency-penalty --logit-bias --seed --json-schema --json-schema-file --json-object --regex --choice --grammar --grammar-file --chat --system --chat-template --tools --tool-choice --parallel-tool-calls --think --no-think --reasoning-budget --json --request --prompt-file --tokenize --batch --output --parallel --threads --ctx-size --n-gpu-layers --rpc --lookup --no-prefix-cache --deterministic --no-repack --verbose --serve --keep-alive --ps --stop-resident --strict-model --trust-request-templates --drain-timeout --queue-memory --queue-timeout --base-url --connect-timeout --read-timeout --color --reasoning --compat --list-models --models-dir --generate --version --help"
+            opts="-m -n -t -c -V -h --model --max-tokens --stop --temperature --top-p --top-k --repetition-penalty --stream --logprobs --echo --n --safety-model --min-p --presence-penalty --frequency-penalty --logit-bias --seed --json-schema --json-schema-file --json-object --regex --choice --grammar --grammar-file --chat --system --chat-template --tools --tool-choice --parallel-tool-calls --think --no-think --reasoning-budget --json --request --prompt-file --tokenize --batch --output --parallel --threads --ctx-size --n-gpu-layers --rpc --lookup --no-prefix-cache --deterministic --no-repack --verbose --serve --keep-alive --ps --stop-resident --strict-model --trust-request-templates --drain-timeout --queue-memory --queue-timeout --models-max --models-memory --models-idle --pin --base-url --connect-timeout --read-timeout --color --reasoning --compat --list-models --models-dir --generate --version --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -233,6 +233,22 @@ _cmpl() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --models-max)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --models-memory)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --models-idle)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --pin)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --base-url)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -255,6 +271,10 @@ _cmpl() {
                     ;;
                 --compat)
                     COMPREPLY=($(compgen -W "cmpl openai" -- "${cur}"))
+                    return 0
+                    ;;
+                --models-dir)
+                    COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
                 --generate)

@@ -1,4 +1,4 @@
-complete -c cmpl -s m -l model -d 'GGUF model file, the name of one in the models folder, or a Hugging Face model hf.co/ORG/REPO[:QUANT] (downloaded once into the hub cache) [default: $CMPL_MODEL, the config\'s model, then gemma-3-270m-q4_k_m.gguf in the cache dir]' -r
+complete -c cmpl -s m -l model -d 'GGUF model file, the name of one in the models folder, or a Hugging Face model hf.co/ORG/REPO[:QUANT] (downloaded once into the hub cache) [default: $CMPL_MODEL, the config\'s model, then gemma-3-270m-q4_k_m.gguf in the cache dir]. With --serve, given again: several models behind one address, each answering to its file\'s stem, or to NAME as -m NAME=PATH' -r
 complete -c cmpl -l max-tokens -d 'Tokens to generate per choice, 1.. [default: 128]' -r
 complete -c cmpl -l stop -d 'Stop when the text contains this string (not included); repeatable' -r
 complete -c cmpl -l temperature -d 'Sampling temperature, 0..2; 0 is greedy and deterministic [default: 0.7]' -r
@@ -49,6 +49,10 @@ complete -c cmpl -l stop-resident -d 'End the residents holding MODEL (as -m nam
 complete -c cmpl -l drain-timeout -d 'With --serve: on SIGINT/SIGTERM, seconds the requests in flight may take to finish before they are cancelled, 0..86400 [default: 300]' -r
 complete -c cmpl -l queue-memory -d 'With --serve: memory the requests waiting for a slot may hold, in bytes (or with K, M or G); a request past it is answered 503 with Retry-After [default: an eighth of the memory free at start]' -r
 complete -c cmpl -l queue-timeout -d 'With --serve: seconds a request may wait for a slot before it is answered 503 with Retry-After, 1..86400 [default: 600, the OpenAI SDK\'s own timeout]' -r
+complete -c cmpl -l models-max -d 'With --serve of several models: how many may be loaded at once (the least recently used idle one leaves for another) [default: as many as the memory budget holds]' -r
+complete -c cmpl -l models-memory -d 'With --serve of several models: the memory the loaded models may hold together (weights and KV cache), in bytes or with K, M or G [default: three quarters of the memory free at start]' -r
+complete -c cmpl -l models-idle -d 'With --serve of several models: a model without a request for DURATION is unloaded (30s, 5m, 1h) [default: never; --keep-alive still ends the whole server]' -r
+complete -c cmpl -l pin -d 'With --serve of several models: load NAME at start and keep it loaded (given again, several)' -r
 complete -c cmpl -l base-url -d 'Send requests to a server\'s completions API at this root (http://127.0.0.1:8080/v1) instead of running a local model; given again, several engines share the requests [default: $CMPL_BASE_URL]' -r
 complete -c cmpl -l connect-timeout -d 'Seconds to wait for a connection to the server, 1..3600 [default: 10]' -r
 complete -c cmpl -l read-timeout -d 'Seconds the server may stay silent once asked, 1..86400 [default: 600]' -r
@@ -60,6 +64,7 @@ show\t''
 hide\t''"
 complete -c cmpl -l compat -d 'Whose shape an answer takes where the contract and OpenAI\'s completions differ. cmpl: the contract\'s (an echoed prompt in the response\'s prompt[]); openai: OpenAI\'s (the echoed prompt at the head of each choice\'s text and logprobs, as evaluation harnesses read it). For --json, --batch and --serve' -r -f -a "cmpl\t''
 openai\t''"
+complete -c cmpl -l models-dir -d 'Print the models folder: where -m NAME looks, and where the default model goes. With --serve and DIR: serve every GGUF in DIR, each by its file\'s stem' -r -F
 complete -c cmpl -l generate -d 'Print the man page or a shell completion script' -r -f -a "man\t''
 complete-bash\t''
 complete-zsh\t''
@@ -79,6 +84,5 @@ complete -c cmpl -l ps -d 'List the resident models this user runs (model, pid, 
 complete -c cmpl -l strict-model -d 'With --serve: answer a request naming another model with 404 (default: the served model answers it)'
 complete -c cmpl -l trust-request-templates -d 'With --serve: take a chat template in a request body (`chat_template`). A template is a program the server runs, so by default only the model\'s own and --chat-template\'s are used, and a request that sends one is refused (400)'
 complete -c cmpl -l list-models -d 'List the models in the models folder and the hub cache with size, architecture and parameters'
-complete -c cmpl -l models-dir -d 'Print the models folder: where -m NAME looks, and where the default model goes'
 complete -c cmpl -s V -l version -d 'Print the version and the GPU backends compiled in'
 complete -c cmpl -s h -l help -d 'Print help'

@@ -173,16 +173,21 @@ impl Servers {
                     .unwrap()
                     .port();
                 let addr = format!("127.0.0.1:{port}");
-                let start = format!(
-                    "cmpl --serve {addr} 2>/dev/null & trap 'kill $!' EXIT\nfor _ in $(seq 600); do curl -sf http://{addr}/health >/dev/null && break; sleep 0.1; done"
-                );
+                // `cmpl --serve` and its flags, started in the background.
+                let start = |flags: &str| {
+                    format!(
+                        "cmpl --serve {addr}{flags} 2>/dev/null & trap 'kill $!' EXIT\nfor _ in $(seq 600); do curl -sf http://{addr}/health >/dev/null && break; sleep 0.1; done"
+                    )
+                };
                 text = text
                     .lines()
                     .map(|l| {
-                        if l.split('#').next().unwrap().trim() == "cmpl --serve" {
-                            start.clone()
-                        } else {
-                            l.replace("127.0.0.1:8337", &addr)
+                        let command = l.split('#').next().unwrap().trim();
+                        match command.strip_prefix("cmpl --serve") {
+                            Some(flags) if flags.is_empty() || flags.starts_with(' ') => {
+                                start(flags)
+                            }
+                            _ => l.replace("127.0.0.1:8337", &addr),
                         }
                     })
                     .collect::<Vec<_>>()

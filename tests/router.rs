@@ -422,3 +422,104 @@ fn a_models_folder_is_served_by_file_stem() {
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["choices"][0]["text"], alone(&second_model_path(), 8));
 }
+
+/// `--batch` lines naming each model, one JSON request a line.
+fn lines(models: &[&str]) -> String {
+    (models.iter())
+        .map(|m| {
+            json!({"model": m, "prompt": PROMPT, "max_tokens": 8, "temperature": 0}).to_string()
+                + "\n"
+        })
+        .collect()
+}
+
+/// Each output line's model and text, in input order.
+fn answered(out: &str) -> Vec<(String, String)> {
+    (out.lines())
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            let text = v["choices"][0]["text"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{v}"));
+            (v["model"].as_str().unwrap().to_string(), text.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn a_batch_whose_lines_name_different_models_is_answered_by_each() {
+    let (gemma, smol) = (alone(&model_path(), 8), alone(&second_model_path(), 8));
+    let s = serve(&[]);
+    let out = cmpl(&["--base-url", &s.url(), "--batch", "--parallel", "1"])
+        .stdin(lines(&[GEMMA, "smol", GEMMA, "smol"]))
+        .run();
+    let want = [
+        (GEMMA, &gemma),
+        ("smol", &smol),
+        (GEMMA, &gemma),
+        ("smol", &smol),
+    ]
+    .map(|(m, t)| (m.to_string(), t.clone()));
+    assert_eq!(answered(out.ok()), want);
+    // A line naming none, where the server serves several: refused alone.
+    let out = cmpl(&["--base-url", &s.url(), "--batch"])
+        .stdin(format!(
+            "{}{}",
+            lines(&["smol"]),
+            r#"{"prompt": "x", "max_tokens": 2}"#
+        ))
+        .run();
+    let text = out.stdout.clone();
+    assert!(
+        text.lines()
+            .next()
+            .unwrap()
+            .contains(&format!("\"text\":{}", json!(smol))),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .nth(1)
+            .unwrap()
+            .contains("choose one with -m NAME"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_fleet_sends_each_line_only_to_an_engine_that_serves_its_model() {
+    let (gemma, smol) = (
+        model_path().display().to_string(),
+        second_model_path().display().to_string(),
+    );
+    let qwen = tool_model_path().display().to_string();
+    // Both serve Qwen; only the first Gemma, only the second SmolLM2.
+    let first = Served::start(
+        &["-m", &format!("g={gemma}"), "-m", &format!("q={qwen}")],
+        &[],
+    );
+    let second = Served::start(
+        &["-m", &format!("s={smol}"), "-m", &format!("q={qwen}")],
+        &[],
+    );
+    let out = cmpl(&[
+        "--base-url",
+        &first.url(),
+        "--base-url",
+        &second.url(),
+        "--batch",
+    ])
+    .stdin(lines(&["g", "s", "g", "s", "g", "s"]))
+    .run();
+    let texts = answered(out.ok());
+    let (g, s) = (alone(&model_path(), 8), alone(&second_model_path(), 8));
+    for (i, (model, text)) in texts.iter().enumerate() {
+        let want = if i % 2 == 0 { ("g", &g) } else { ("s", &s) };
+        assert_eq!((model.as_str(), text), (want.0, want.1), "line {i}");
+    }
+    assert_eq!(state_of(&first, "q"), "unloaded", "never asked for Qwen");
+    assert_eq!(state_of(&second, "q"), "unloaded");
+    let log = first.log_when(|l| l.matches("POST /v1/completions 200").count() == 3);
+    assert_eq!(log.matches("POST /v1/completions 200").count(), 3, "{log}");
+    assert!(!log.contains("loading s"), "{log}");
+}

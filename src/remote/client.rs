@@ -24,8 +24,14 @@ pub struct Client {
     agent: ureq::Agent,
     key: Option<ApiKey>,
     pub dialect: Dialect,
-    /// The model sent with every request, and named in every response.
+    /// The model sent with a request that names none this server lists,
+    /// and named in responses (empty: the server lists several and the run
+    /// named none; each request must).
     pub model: String,
+    /// The models the server lists: a request naming one is sent with it.
+    serves: Vec<String>,
+    /// Why a request naming no listed model cannot be sent (`model` empty).
+    unchosen: Option<String>,
 }
 
 impl Client {
@@ -53,6 +59,8 @@ impl Client {
             agent,
             dialect: Dialect::Contract,
             model: String::new(),
+            serves: Vec::new(),
+            unchosen: None,
         };
         let url = format!("{}/models", remote.base);
         let mut response = remote.get(&url)?;
@@ -76,21 +84,43 @@ impl Client {
                     ))
                 }
                 many => {
+                    // Each request names its own (a batch whose lines name
+                    // different models), or is refused with this.
                     let names: Vec<&str> = many.iter().take(8).map(|m| m.id.as_str()).collect();
-                    return Err(CmplError::invalid(
-                        fields::MODEL.name,
-                        format!(
-                            "{} serves {} models ({}{}); choose one with -m NAME",
-                            remote.base,
-                            many.len(),
-                            names.join(", "),
-                            if many.len() > 8 { ", ..." } else { "" }
-                        ),
+                    remote.unchosen = Some(format!(
+                        "{} serves {} models ({}{}); choose one with -m NAME",
+                        remote.base,
+                        many.len(),
+                        names.join(", "),
+                        if many.len() > 8 { ", ..." } else { "" }
                     ));
+                    String::new()
                 }
             },
         };
+        remote.serves = models.into_iter().map(|m| m.id).collect();
         Ok(remote)
+    }
+
+    /// Whether this server lists the model `request` names.
+    pub fn lists(&self, request: &Request) -> bool {
+        let named = request.model.as_deref();
+        named.is_some_and(|m| self.serves.iter().any(|s| s == m))
+    }
+
+    /// The model `request` is sent with: the one it names where this
+    /// server lists it, else the run's; an error where the server lists
+    /// several and neither names one.
+    pub fn model_for<'a>(&'a self, request: &'a Request) -> Result<&'a str> {
+        if let Some(m) = request.model.as_deref().filter(|_| self.lists(request)) {
+            return Ok(m);
+        }
+        match &self.unchosen {
+            Some(why) if self.model.is_empty() => {
+                Err(CmplError::invalid(fields::MODEL.name, why.clone()))
+            }
+            _ => Ok(&self.model),
+        }
     }
 
     /// Whether the server answers its model list again (an engine set
@@ -111,6 +141,8 @@ impl Client {
             key: None,
             dialect: Dialect::Contract,
             model: "m".to_string(),
+            serves: Vec::new(),
+            unchosen: None,
         }
     }
 

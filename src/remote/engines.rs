@@ -177,10 +177,20 @@ impl Shared {
                 .iter()
                 .any(|e| !std::ptr::eq(&**e, engine) && !e.is_aside() && e.holds(job.head))
         };
+        // Only a request for a model this engine serves: one that lists it,
+        // where any engine does.
+        let serves = |i: &usize| {
+            let request = &queue[*i].request;
+            match self.engines.iter().any(|e| e.client.lists(request)) {
+                true => engine.client.lists(request),
+                false => engine.client.model_for(request).is_ok(),
+            }
+        };
         let at = (0..ahead)
+            .filter(serves)
             .find(|&i| engine.holds(queue[i].head))
-            .or_else(|| (0..ahead).find(|&i| !others_hold(&queue[i])))
-            .unwrap_or(0);
+            .or_else(|| (0..ahead).filter(serves).find(|&i| !others_hold(&queue[i])))
+            .or_else(|| (0..queue.len()).find(serves))?;
         queue.remove(at)
     }
 

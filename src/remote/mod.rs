@@ -94,10 +94,17 @@ impl Backend for Remote {
             // A request every engine would refuse is refused before any is
             // asked (the first engine's words).
             let checked = render_chat(request).and_then(|request| {
+                // The first engine that serves the model it names (a fleet
+                // may hold servers of different models).
+                let clients = self.engines.iter().map(|e| &e.client);
                 let first = &self.engines[0].client;
-                first
+                let client = (clients.clone().find(|c| c.lists(&request)))
+                    .or_else(|| clients.clone().find(|c| c.model_for(&request).is_ok()))
+                    .unwrap_or(first);
+                let model = client.model_for(&request)?;
+                client
                     .dialect
-                    .body(&request, &first.model, opts, opts.live)
+                    .body(&request, model, opts, opts.live)
                     .map(|_| request)
             });
             match checked {
@@ -127,9 +134,8 @@ impl Backend for Remote {
                     let client = &engine.client;
                     let live = opts.live || client.dialect.streams_always();
                     shared.work(&engine, opts.live, &tx, |job, tx| {
-                        let body = client
-                            .dialect
-                            .body(&job.request, &client.model, &opts, live)?;
+                        let model = client.model_for(&job.request)?;
+                        let body = client.dialect.body(&job.request, model, &opts, live)?;
                         client.complete(job.job, &job.request, &body, live, tx)
                     });
                 });

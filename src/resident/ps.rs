@@ -38,22 +38,37 @@ fn residents() -> Vec<(PathBuf, Value)> {
 pub fn ps(out: &mut dyn Write) -> Result<()> {
     let rows: Vec<[String; 7]> = residents()
         .into_iter()
-        .map(|(_, v)| {
+        .flat_map(|(_, v)| {
             let idle = v["idle_seconds"].as_f64().unwrap_or(0.0);
             let until = v["keep_alive_seconds"]
                 .as_f64()
                 .map_or_else(|| "-".to_string(), |k| seconds((k - idle).max(0.0)));
-            [
-                v["path"].as_str().unwrap_or("?").to_string(),
-                v["pid"].to_string(),
-                v["memory_bytes"]
-                    .as_u64()
-                    .map_or_else(|| "?".to_string(), mib),
-                seconds(idle),
-                until,
-                v["requests"].to_string(),
-                v["settings"].as_str().unwrap_or("").to_string(),
-            ]
+            let row = |m: &serde_json::Value, settings: String| {
+                [
+                    m["path"].as_str().unwrap_or("?").to_string(),
+                    v["pid"].to_string(),
+                    m["memory_bytes"]
+                        .as_u64()
+                        .map_or_else(|| "-".to_string(), mib),
+                    seconds(idle),
+                    until.clone(),
+                    m["requests"].to_string(),
+                    settings,
+                ]
+            };
+            let settings = v["settings"].as_str().unwrap_or("").to_string();
+            // A server of several models: a row each, with its state.
+            match v["models"].as_array() {
+                Some(models) => (models.iter())
+                    .map(|m| {
+                        row(
+                            m,
+                            format!("{}, {settings}", m["state"].as_str().unwrap_or("?")),
+                        )
+                    })
+                    .collect::<Vec<_>>(),
+                None => vec![row(&v, settings)],
+            }
         })
         .collect();
     let head = [
