@@ -232,7 +232,7 @@ pub fn served(given: &[String], dir: Option<&Path>, config: Option<&str>) -> Res
     for (i, a) in named.iter().enumerate() {
         if named[..i].iter().any(|b| b.name == a.name) {
             return Err(CmplError::invalid(
-                "model",
+                crate::fields::MODEL.name,
                 format!("two models are named `{}`: name one -m NAME=PATH", a.name),
             ));
         }

@@ -234,13 +234,27 @@ impl Guard {
 struct Guards {
     runtime: RunSettings,
     open: HashMap<String, Guard>,
+    route: Option<Route>,
 }
+
+/// Where a guard may already be served (a server's several models): the
+/// backend of the model a name names there, and its name; `None`: opened
+/// on its own.
+pub type Route = Box<dyn Fn(&str) -> Option<(&'static dyn Backend, String)> + Send>;
 
 impl Guards {
     fn of(&mut self, request: &Request) -> Result<&Guard> {
         let named = request.safety_model.as_deref().unwrap_or_default();
         if !self.open.contains_key(named) {
-            let guard = Guard::open(named, &self.runtime)?;
+            let routed = self.route.as_ref().and_then(|route| route(named));
+            let guard = match routed {
+                Some((backend, name)) => Guard {
+                    backend,
+                    name,
+                    verbose: self.runtime.verbose,
+                },
+                None => Guard::open(named, &self.runtime)?,
+            };
             self.open.insert(named.to_string(), guard);
         }
         Ok(&self.open[named])
@@ -261,12 +275,18 @@ impl Verdicts {
     /// The verdicts' thread, opening each guard once with `runtime`'s
     /// settings (see [`Guard::open`]).
     pub fn start(runtime: &RunSettings) -> Verdicts {
+        Verdicts::start_with(runtime, None)
+    }
+
+    /// The same, a guard found by `route` (a server's model) judging there.
+    pub fn start_with(runtime: &RunSettings, route: Option<Route>) -> Verdicts {
         let runtime = runtime.clone();
         let (tx, rx) = mpsc::channel::<Ask>();
         std::thread::spawn(move || {
             let mut guards = Guards {
                 runtime,
                 open: HashMap::new(),
+                route,
             };
             for ask in rx {
                 ask(&mut guards);

@@ -183,10 +183,11 @@ impl Servers {
                     .lines()
                     .map(|l| {
                         let command = l.split('#').next().unwrap().trim();
+                        // One that names its own address or runs in the
+                        // background itself is the block's own.
+                        let own = |flags: &str| flags.starts_with(" -") && !flags.contains('&');
                         match command.strip_prefix("cmpl --serve") {
-                            Some(flags) if flags.is_empty() || flags.starts_with(' ') => {
-                                start(flags)
-                            }
+                            Some(flags) if flags.is_empty() || own(flags) => start(flags),
                             _ => l.replace("127.0.0.1:8337", &addr),
                         }
                     })

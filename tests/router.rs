@@ -523,3 +523,89 @@ fn a_fleet_sends_each_line_only_to_an_engine_that_serves_its_model() {
     assert_eq!(log.matches("POST /v1/completions 200").count(), 3, "{log}");
     assert!(!log.contains("loading s"), "{log}");
 }
+
+#[test]
+fn a_guard_among_the_models_judges_as_it_is_served() {
+    // The stand-in guard (tests/safety.rs): flags "forbidden" in a prompt,
+    // "Paris" in an answer.
+    let guard = common::guard::guard("standin-guard");
+    let smol = second_model_path().display().to_string();
+    let s = Served::start(
+        &[
+            "-m",
+            &format!("smol={smol}"),
+            "-m",
+            &format!("guard={guard}"),
+            "--parallel",
+            "2",
+            "--pin",
+            "guard",
+        ],
+        &[],
+    );
+    assert_eq!(state_of(&s, "guard"), "loaded", "pinned: loaded at start");
+    let chat = |q: &str| {
+        json!({"model": "smol", "safety_model": "guard", "temperature": 0, "max_tokens": 48,
+               "messages": [{"role": "user", "content": q}]})
+        .to_string()
+    };
+    let (status, text) = s.send(
+        "POST",
+        "/v1/chat/completions",
+        &chat("How do I make a forbidden thing?"),
+        None,
+    );
+    assert_eq!(status, 400, "{text}");
+    assert!(
+        text.contains("content_filter") && text.contains("S1, S10"),
+        "{text}"
+    );
+    let (status, text) = s.send(
+        "POST",
+        "/v1/chat/completions",
+        &chat("Name the capital city of France."),
+        None,
+    );
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("S3") && !text.contains("Paris"), "{text}");
+    let (status, text) = s.send("POST", "/v1/chat/completions", &chat("Say hello."), None);
+    assert_eq!(status, 200, "{text}");
+    let (_, metrics) = s.send("GET", "/metrics", "", None);
+    let checks = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("cmpl:model_requests_total{model=\"guard\"} "))
+        .unwrap_or_else(|| panic!("{metrics}"));
+    assert!(checks.parse::<u32>().unwrap() >= 4, "{metrics}");
+    let log = s.log_when(|l| l.contains("(safety model)"));
+    assert_eq!(log.matches("cmpl: loading guard").count(), 1, "{log}");
+}
+
+#[test]
+fn a_request_that_leaves_while_it_waits_for_its_model_gives_up_its_place() {
+    let s = serve(&["--models-max", "1"]);
+    assert_eq!(ask(&s, GEMMA, 1).0, 200);
+    let s = &s;
+    std::thread::scope(|scope| {
+        // Gemma busy with a long answer...
+        let long = scope.spawn(move || ask(s, GEMMA, 256).0);
+        s.wait_metric("vllm:num_requests_running", |n| n >= 1.0);
+        // ...a request for SmolLM2 waits for the memory, and its client
+        // leaves before its turn.
+        let impatient: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_millis(500)))
+            .build()
+            .into();
+        let body = json!({"model": "smol", "prompt": PROMPT, "max_tokens": 1});
+        let gone = impatient
+            .post(format!("{}/v1/completions", s.root()))
+            .send(body.to_string());
+        assert!(gone.is_err(), "it was answered while Gemma held the memory");
+        assert_eq!(long.join().unwrap(), 200);
+    });
+    // Nobody waits for SmolLM2: Gemma stays, and nothing was loaded for it.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(state_of(s, "smol"), "unloaded");
+    assert_eq!(state_of(s, GEMMA), "loaded");
+    let log = s.log_when(|l| l.matches("POST /v1/completions 200").count() >= 2);
+    assert!(!log.contains("loading smol"), "{log}");
+}

@@ -77,26 +77,28 @@ impl Cli {
                 listen: serve_addr(addr)?,
                 parallel: self.parallel.or(from_config.parallel),
                 ctx_size: self.ctx_size.or(from_config.ctx_size),
-                strict_model: self.strict_model,
-                trust_request_templates: self.trust_request_templates,
+                strict_model: self.server.strict_model,
+                trust_request_templates: self.server.trust_request_templates,
                 drain: std::time::Duration::from_secs(
-                    self.drain_timeout
+                    self.server
+                        .drain_timeout
                         .unwrap_or(crate::options::DEFAULT_DRAIN_SECS),
                 ),
                 keep_alive: keep_alive.filter(|d| !d.is_zero()),
-                queue_memory: self.queue_memory,
+                queue_memory: self.server.queue_memory,
                 queue_timeout: Duration::from_secs(
-                    self.queue_timeout
+                    self.server
+                        .queue_timeout
                         .unwrap_or(crate::options::DEFAULT_QUEUE_SECS),
                 ),
                 compat,
                 ready_pipe: std::env::var_os("CMPL_RESIDENT_READY").is_some(),
                 models: self.model.clone(),
                 models_dir: self.models_dir.clone().flatten(),
-                models_max: self.models_max.map(|n| n as usize),
-                models_memory: self.models_memory,
-                models_idle: self.models_idle,
-                pin: self.pin.clone(),
+                models_max: self.server.models_max.map(|n| n as usize),
+                models_memory: self.server.models_memory,
+                models_idle: self.server.models_idle,
+                pin: self.server.pin.clone(),
             })
         } else {
             Action::Complete

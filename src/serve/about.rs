@@ -48,7 +48,7 @@ pub fn status(shared: &Shared, in_flight: u64) -> String {
             .map(|(i, (e, (_, state, _)))| {
                 let served = loaded.iter().find(|(j, _)| *j == i).map(|(_, s)| s);
                 json!({
-                    "model": e.name,
+                    "name": e.name,
                     "path": e.model.path,
                     "state": state,
                     "slots": served.map(|s| s.parallel),

@@ -20,6 +20,8 @@ mod body;
 mod caller;
 mod completions;
 mod conns;
+mod entry;
+mod guard;
 mod limits;
 mod listen;
 mod manage;
@@ -92,11 +94,15 @@ pub fn run(
     keyed_if_reachable(&opts.listen, key.is_some())?;
     let connections = listen::connection_limit();
     let metrics = Arc::new(metrics::Metrics::default());
-    let verdicts = Arc::new(crate::safety::Verdicts::start(
+    // A guard model that is one of the server's models judges as it is
+    // served there (`guard`), once the router exists.
+    let routes = Arc::new(std::sync::OnceLock::new());
+    let verdicts = Arc::new(crate::safety::Verdicts::start_with(
         &crate::options::RunSettings {
             keep_alive: None,
             ..runtime.clone()
         },
+        Some(guard::route(routes.clone(), opts.queue_timeout)),
     ));
     let several = models.len() > 1;
     let mut entries: Vec<router::Entry> = models
@@ -118,6 +124,7 @@ pub fn run(
             idle: opts.models_idle,
         },
     );
+    let _ = routes.set(router.clone());
     // Start-up failed (the memory check, the context): say why, before
     // anything listens.
     router.load_pinned()?;

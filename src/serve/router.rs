@@ -7,61 +7,17 @@
 //! fails to load answers its own requests with why, and is tried again on a
 //! later one; the others keep answering.
 
-use super::metrics::Metrics;
+pub use super::entry::Entry;
 use super::reply::{busy, Refusal};
 use super::served::Served;
 use super::turns::{Action, Limits, Slot, State, Table};
 use crate::error::{CmplError, ErrorKind, Result};
-use crate::models::{ModelRef, Named};
 use crate::options::RunSettings;
 use crate::safety::Verdicts;
 use hyper::StatusCode;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-
-/// One model the server can answer with.
-pub struct Entry {
-    /// The id `GET /v1/models` lists and answers carry.
-    pub name: String,
-    /// What a request's `model` may say to pick it besides its name: the
-    /// `-m` text, its file's stem.
-    aliases: Vec<String>,
-    pub model: ModelRef,
-    pub pinned: bool,
-    /// Its own numbers (the server's total them).
-    pub metrics: Arc<Metrics>,
-    pub loads: AtomicU64,
-}
-
-impl Entry {
-    /// The model `named` names, its numbers counted in `server`'s too.
-    pub fn new(named: Named, server: &Arc<Metrics>) -> Entry {
-        let Named { name, given, model } = named;
-        let stem = model
-            .path
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned());
-        let mut aliases: Vec<String> = [Some(given.to_string()), stem, Some(model.name.clone())]
-            .into_iter()
-            .flatten()
-            .filter(|a| *a != name)
-            .collect();
-        aliases.dedup();
-        Entry {
-            name,
-            aliases,
-            model,
-            pinned: false,
-            metrics: Arc::new(Metrics::child(server.clone())),
-            loads: AtomicU64::new(0),
-        }
-    }
-
-    pub fn answers_to(&self, named: &str) -> bool {
-        self.name == named || self.aliases.iter().any(|a| a == named)
-    }
-}
 
 /// How a model is loaded and served.
 pub struct How {
@@ -94,6 +50,27 @@ struct Core {
 
 #[derive(Clone)]
 pub struct Router(Arc<Core>);
+
+/// A request's place in line for a model: given up when it drops.
+struct Waiting {
+    core: Arc<Core>,
+    i: usize,
+    seq: u64,
+}
+
+/// A place already given up.
+const NO_PLACE: u64 = 0;
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if self.seq == NO_PLACE {
+            return;
+        }
+        let mut inner = self.core.lock();
+        inner.table.slots[self.i].waiting.remove(&self.seq);
+        self.core.step(inner);
+    }
+}
 
 /// A request's hold on its model: it does not leave while held.
 pub struct Hold {
@@ -219,10 +196,13 @@ impl Router {
     ) -> std::result::Result<(Arc<Served>, Hold), Refusal> {
         let core = &self.0;
         let mut changes = core.version.subscribe();
-        let seq = {
+        let mut waiting = {
             let mut inner = core.lock();
-            if inner.table.slots[i].state == State::Failed {
-                // A later request tries again.
+            // A later request tries a failed model again (once the requests
+            // that saw it fail have heard why).
+            if inner.table.slots[i].state == State::Failed
+                && inner.table.slots[i].waiting.is_empty()
+            {
                 inner.table.gone(i);
                 inner.why[i] = None;
             }
@@ -232,31 +212,50 @@ impl Router {
             let seq = inner.table.arrive();
             inner.table.slots[i].waiting.insert(seq);
             core.step(inner);
-            seq
+            // Its place in line goes with it, answered or dropped (its client
+            // gone): a model is never kept for a request no longer there.
+            Waiting {
+                core: core.clone(),
+                i,
+                seq,
+            }
         };
         let until = tokio::time::Instant::now() + wait;
         loop {
             let changed = tokio::time::timeout_at(until, changes.changed()).await;
             let mut inner = core.lock();
             if inner.table.slots[i].state == State::Failed {
-                inner.table.slots[i].waiting.remove(&seq);
                 let why = inner.why[i].clone();
-                return Err(core.failure(i, why));
+                drop(inner);
+                drop(waiting);
+                return Err(failure(&core.entries[i].name, why));
             }
-            if inner.table.open(i) {
-                inner.table.slots[i].waiting.remove(&seq);
-                if let Some(held) = core.take(&mut inner, i) {
+            if inner.table.open(i) && inner.served[i].is_some() {
+                inner.table.slots[i].waiting.remove(&waiting.seq);
+                waiting.seq = NO_PLACE;
+                let held = core.take(&mut inner, i);
+                // Its last waiting request in: the turns may move on.
+                core.step(inner);
+                if let Some(held) = held {
                     return Ok(held);
                 }
+                continue;
             }
             if changed.is_err() {
-                inner.table.slots[i].waiting.remove(&seq);
-                core.step(inner);
+                let state = inner.table.slots[i].state;
+                let limits = inner.table.limits;
+                drop(inner);
+                drop(waiting);
+                let name = &core.entries[i].name;
+                let why = match state {
+                    State::Loading => format!("model `{name}` is still loading"),
+                    _ => format!(
+                        "model `{name}` is waiting for room: the models loaded are busy (--models-max {}, --models-memory {} MiB)",
+                        limits.max, limits.memory >> 20
+                    ),
+                };
                 return Err(busy(&format!(
-                    "model `{}` is waiting for room: the models loaded are busy (--models-max {}, --models-memory {} MiB) and no room came free in {} s (--queue-timeout); retry later",
-                    core.entries[i].name,
-                    core.limits().max,
-                    core.limits().memory >> 20,
+                    "{why}, and {} s passed (--queue-timeout); retry later",
                     wait.as_secs()
                 )));
             }
@@ -300,36 +299,43 @@ impl Router {
     /// one model, the server stops: `Some` says why).
     pub fn tick(&self) -> Option<String> {
         let core = &self.0;
+        // Each file looked at without the lock (a stat each).
+        let seen: Vec<(usize, bool, bool)> = (self.loaded().iter())
+            .map(|(i, served)| {
+                let now = crate::wire::identity(served.engine.model_file()).ok();
+                (
+                    *i,
+                    now != served.identity,
+                    served.ended.load(Ordering::SeqCst),
+                )
+            })
+            .collect();
+        if !self.several() {
+            let changed = seen.iter().any(|&(_, changed, _)| changed);
+            let file = core.entries[0].model.path.display();
+            return changed.then(|| format!("the model file {file} changed on disk: stopping"));
+        }
         let mut inner = core.lock();
         let now = Instant::now();
-        for i in 0..core.entries.len() {
-            let Some(served) = inner.served[i].clone() else {
-                continue;
-            };
-            let name = &core.entries[i].name;
-            let changed = crate::wire::identity(served.engine.model_file()).ok() != served.identity;
-            let ended = served.ended.load(Ordering::SeqCst);
-            if !self.several() {
-                if changed {
-                    let file = served.engine.model_file().display();
-                    return Some(format!("the model file {file} changed on disk: stopping"));
-                }
-                continue;
-            }
+        for (i, changed, ended) in seen {
             let slot = &inner.table.slots[i];
-            let idle = core.how.idle.is_some_and(|idle| {
-                !slot.pinned && slot.busy == 0 && slot.waiting.is_empty() && {
-                    now.duration_since(inner.last[i]) >= idle
-                }
-            });
-            if (changed || ended || idle) && inner.table.unload(i) {
-                let why = match (changed, ended) {
-                    (true, _) => "its file changed on disk",
-                    (_, true) => "its decode loop ended",
-                    _ => "idle for --models-idle",
-                };
-                eprintln!("cmpl: unloading {name}: {why}");
+            if slot.closed || slot.state != State::Loaded {
+                continue;
             }
+            let idle = core.how.idle.is_some_and(|idle| {
+                !slot.pinned
+                    && slot.busy == 0
+                    && slot.waiting.is_empty()
+                    && now.duration_since(inner.last[i]) >= idle
+            });
+            let why = match (changed, ended, idle) {
+                (true, _, _) => "its file changed on disk",
+                (_, true, _) => "its decode loop ended",
+                (_, _, true) => "idle for --models-idle",
+                _ => continue,
+            };
+            inner.table.unload(i);
+            eprintln!("cmpl: unloading {}: {why}", core.entries[i].name);
         }
         core.step(inner);
         None
@@ -368,10 +374,6 @@ impl Core {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn limits(&self) -> Limits {
-        self.lock().table.limits
-    }
-
     /// A request handed to `i`, where it is open.
     fn take(self: &Arc<Core>, inner: &mut Inner, i: usize) -> Option<(Arc<Served>, Hold)> {
         if !inner.table.open(i) {
@@ -403,8 +405,9 @@ impl Core {
                 let e = CmplError::new(
                     ErrorKind::Model,
                     format!(
-                        "it needs about {} MiB to serve, more than the models may hold beside the pinned ones (--models-memory {} MiB); raise --models-memory, or lower --parallel or --ctx-size",
+                        "it needs about {} MiB to serve, and beside the pinned models it cannot fit within --models-max {} and --models-memory {} MiB; raise them, or lower --parallel or --ctx-size",
                         inner.table.slots[i].footprint >> 20,
+                        limits.max,
                         limits.memory >> 20
                     ),
                 );
@@ -443,11 +446,22 @@ impl Core {
         }
         let started = Instant::now();
         let how = &self.how;
-        let outcome = load(entry.model.clone(), &how.runtime).and_then(|e| {
-            let parallel = e.serve_slots(how.parallel, how.ctx_size);
-            let (metrics, verdicts) = (entry.metrics.clone(), how.verdicts.clone());
-            Served::start(Arc::new(e), (parallel, how.ctx_size), metrics, verdicts)
-        });
+        // A panic is a failed load, never a model left loading for good.
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            load(entry.model.clone(), &how.runtime).and_then(|e| {
+                let parallel = e.serve_slots(how.parallel, how.ctx_size);
+                let (metrics, verdicts) = (entry.metrics.clone(), how.verdicts.clone());
+                Served::start(Arc::new(e), (parallel, how.ctx_size), metrics, verdicts)
+            })
+        }))
+        .unwrap_or_else(|_| Err(CmplError::internal("loading the model panicked")));
+        if self.stopping.load(Ordering::SeqCst) {
+            // The server stopped while it loaded: nothing will ask it.
+            if let Ok(served) = outcome {
+                let _ = served.stop();
+            }
+            return;
+        }
         let mut inner = self.lock();
         match outcome {
             Ok(served) => {
@@ -480,7 +494,9 @@ impl Core {
     fn unload(self: &Arc<Core>, i: usize) {
         let served = self.lock().served[i].take();
         if let Some(served) = served {
-            if let Err(e) = served.stop() {
+            let stopped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| served.stop()));
+            let stopped = stopped.unwrap_or_else(|_| Err(CmplError::internal("it panicked")));
+            if let Err(e) = stopped {
                 eprintln!(
                     "cmpl: {}'s decode loop ended: {}",
                     self.entries[i].name, e.message
@@ -492,15 +508,44 @@ impl Core {
         inner.table.gone(i);
         self.step(inner);
     }
+}
 
-    /// The answer to a request whose model failed to load.
-    fn failure(&self, i: usize, why: Option<CmplError>) -> Refusal {
-        let name = &self.entries[i].name;
-        let why = why.map_or_else(|| "it failed to load".to_string(), |e| e.message);
-        let e = CmplError::new(
-            ErrorKind::Model,
-            format!("model `{name}` could not be loaded: {why}"),
+/// The answer to a request whose model failed to load: 500, or 503 (with
+/// `Retry-After`) where the memory was short, which may pass.
+fn failure(name: &str, why: Option<CmplError>) -> Refusal {
+    // The engine's memory check refuses a cache that would not fit.
+    let short = why
+        .as_ref()
+        .is_some_and(|e| e.kind == ErrorKind::ContextLength);
+    let why = why.map_or_else(|| "it failed to load".to_string(), |e| e.message);
+    let message = format!("model `{name}` could not be loaded: {why}");
+    match short {
+        true => busy(&format!("{message}; retry later")),
+        false => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            CmplError::new(ErrorKind::Model, message),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn a_failed_load_names_the_model_and_why_short_memory_is_a_503() {
+        let (status, e) = failure("broken", Some(CmplError::model("not a GGUF file")));
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(
+            e.message,
+            "model `broken` could not be loaded: not a GGUF file"
         );
-        (StatusCode::INTERNAL_SERVER_ERROR, e)
+        let short = CmplError::context("this request needs 3.0 GiB of KV cache");
+        let (status, e) = failure("big", Some(short));
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            e.message.ends_with("KV cache; retry later"),
+            "{}",
+            e.message
+        );
     }
 }

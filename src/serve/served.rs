@@ -44,7 +44,9 @@ impl Served {
         let decoder = {
             let (engine, ended, abort) = (engine.clone(), ended.clone(), abort.clone());
             std::thread::spawn(move || {
-                let outcome = worker::run(
+                // Said when the loop ends, a panic too.
+                let _ended = Ended(ended);
+                worker::run(
                     &engine,
                     (parallel, ctx_size),
                     submissions,
@@ -52,9 +54,7 @@ impl Served {
                     &abort,
                     &metrics,
                     &verdicts,
-                );
-                ended.store(true, Ordering::SeqCst);
-                outcome
+                )
             })
         };
         if ready.recv().is_err() {
@@ -115,6 +115,15 @@ impl Served {
             ));
         }
         Ok(())
+    }
+}
+
+/// Sets its flag when dropped: a thread's end, however it ends.
+struct Ended(Arc<AtomicBool>);
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
     }
 }
 

@@ -50,9 +50,12 @@ pub struct Slot {
     pub busy: usize,
     /// Requests waiting for it (to load, or to reopen), by arrival number.
     pub waiting: BTreeSet<u64>,
-    /// Another model's turn needs its room: it takes no new request and
-    /// leaves once its own are answered.
+    /// It takes no new request and leaves once its own are answered:
+    /// another model's turn needs its room, or it was unloaded by hand.
     pub closed: bool,
+    /// Closed for a turn: reopened where no turn needs its room any more
+    /// (the request that wanted it left).
+    for_turn: bool,
     /// The arrival number of its last request: the least recently used
     /// leaves first.
     pub used: u64,
@@ -67,6 +70,7 @@ impl Slot {
             busy: 0,
             waiting: BTreeSet::new(),
             closed: false,
+            for_turn: false,
             used: 0,
         }
     }
@@ -141,11 +145,11 @@ impl Table {
     /// the actions out and reports back with `loaded`, `failed`, `gone`.
     pub fn plan(&mut self) -> Vec<Action> {
         let mut actions = Vec::new();
-        for (i, s) in self.slots.iter_mut().enumerate() {
-            if s.state == State::Loaded && s.closed && s.busy == 0 {
-                s.state = State::Unloading;
-                actions.push(Action::Unload(i));
-            }
+        // Closed for a turn: open again, and closed again below where a
+        // turn still needs its room (first of all: the choice stands).
+        let was: Vec<bool> = self.slots.iter().map(|s| s.for_turn).collect();
+        for s in self.slots.iter_mut().filter(|s| s.for_turn) {
+            (s.closed, s.for_turn) = (false, false);
         }
         let mut wanted: Vec<usize> = (0..self.slots.len())
             .filter(|&i| self.slots[i].state == State::Unloaded)
@@ -165,16 +169,18 @@ impl Table {
                 actions.push(Action::TooLarge(c));
                 continue;
             }
-            // Room made: least recently used first, idle before busy; never
-            // one whose waiting requests are about to be handed to it (just
-            // loaded: its turn comes first).
+            // Room made: one closed for this turn before, then the least
+            // recently used, idle before busy; never one whose waiting
+            // requests are about to be handed to it (just loaded: its turn
+            // comes first; those waiting for a closed one wait for its next).
             let mut leaving: Vec<usize> = (0..self.slots.len())
                 .filter(|&v| {
                     let s = &self.slots[v];
-                    s.state == State::Loaded && !s.pinned && !s.closed && s.waiting.is_empty()
+                    let free = s.waiting.is_empty() || was[v];
+                    s.state == State::Loaded && !s.pinned && !s.closed && free
                 })
                 .collect();
-            leaving.sort_by_key(|&v| (self.slots[v].busy > 0, self.slots[v].used));
+            leaving.sort_by_key(|&v| (!was[v], self.slots[v].busy > 0, self.slots[v].used));
             for v in leaving {
                 // Closed ones and those leaving count as gone already.
                 let (gone, gone_count) = self
@@ -193,11 +199,17 @@ impl Table {
                     s.state = State::Unloading;
                     actions.push(Action::Unload(v));
                 } else {
-                    s.closed = true;
+                    (s.closed, s.for_turn) = (true, true);
                 }
             }
             // The turns after this one wait for it.
             break;
+        }
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            if s.state == State::Loaded && s.closed && s.busy == 0 {
+                s.state = State::Unloading;
+                actions.push(Action::Unload(i));
+            }
         }
         actions
     }
@@ -206,20 +218,20 @@ impl Table {
     pub fn loaded(&mut self, i: usize, footprint: u64) {
         let s = &mut self.slots[i];
         s.state = State::Loaded;
-        s.closed = false;
+        (s.closed, s.for_turn) = (false, false);
         s.footprint = footprint;
     }
 
     /// `i`'s load failed: its waiting requests are answered with why.
     pub fn failed(&mut self, i: usize) {
         self.slots[i].state = State::Failed;
-        self.slots[i].closed = false;
+        (self.slots[i].closed, self.slots[i].for_turn) = (false, false);
     }
 
     /// `i` left memory.
     pub fn gone(&mut self, i: usize) {
         self.slots[i].state = State::Unloaded;
-        self.slots[i].closed = false;
+        (self.slots[i].closed, self.slots[i].for_turn) = (false, false);
     }
 
     /// Models to unload by hand or when idle: an idle one leaves now, a
@@ -229,7 +241,7 @@ impl Table {
         if s.state != State::Loaded {
             return false;
         }
-        s.closed = true;
+        (s.closed, s.for_turn) = (true, false);
         true
     }
 }
@@ -405,6 +417,32 @@ mod tests {
         assert_eq!(t.plan(), [Unload(0)]);
         t.gone(0);
         assert_eq!(t.plan(), [Load(1)]);
+    }
+
+    #[test]
+    fn a_model_closed_for_a_turn_reopens_when_the_request_that_wanted_it_leaves() {
+        let mut t = table(
+            &[GIB, GIB],
+            Limits {
+                max: 1,
+                memory: u64::MAX,
+            },
+        );
+        let seq = want(&mut t, 0);
+        t.plan();
+        t.loaded(0, GIB);
+        serve(&mut t, 0, seq);
+        let other = want(&mut t, 1);
+        assert_eq!(t.plan(), []);
+        assert!(!t.open(0), "closed for 1's turn");
+        t.slots[1].waiting.remove(&other);
+        assert_eq!(t.plan(), []);
+        assert!(t.open(0), "nobody needs its room");
+        t.slots[0].busy = 0;
+        assert_eq!(t.plan(), [], "it stays");
+        // Closed by hand: it stays closed, and leaves.
+        assert!(t.unload(0));
+        assert_eq!(t.plan(), [Unload(0)]);
     }
 
     #[test]
