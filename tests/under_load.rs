@@ -1,9 +1,10 @@
 //! The same request gives the same bytes however busy the machine is: no
 //! clock sizes a draft in the default mode, so a greedy or seeded answer
-//! (one-shot, batch line, server) under every core's load is the idle one's.
+//! (one-shot, batch line, server) under every core's load is the idle one's,
+//! on the test model and on SmolLM2 (another architecture and vocabulary).
 
 use crate::common;
-use common::run::cmpl;
+use common::run::{cmpl, model_path, second_model_path};
 use common::served::Served;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,19 +40,21 @@ fn answer(text: &str) -> Value {
 /// Each request as a one-shot, as one batch, and one after another to a
 /// server; each one-shot in a cache folder of its own (nothing kept from a
 /// run before, timed or not).
-fn every_face(lines: &[String]) -> Vec<Value> {
+fn every_face(lines: &[String], model: &str) -> Vec<Value> {
     let mut out = Vec::new();
     for l in lines {
         let cache = tempfile::tempdir().unwrap();
-        let run = cmpl(&["--json"])
+        let run = cmpl(&["--json", "-m", model])
             .env("XDG_CACHE_HOME", cache.path())
             .stdin(l)
             .run();
         out.push(answer(run.ok()));
     }
-    let batch = cmpl(&["--batch"]).stdin(lines.join("\n")).run();
+    let batch = cmpl(&["--batch", "-m", model])
+        .stdin(lines.join("\n"))
+        .run();
     out.extend(batch.ok().lines().map(answer));
-    let server = Served::start(&[], &[]);
+    let server = Served::start(&["-m", model], &[]);
     for l in lines {
         let (status, body) = server.post(l);
         assert_eq!(status, 200, "{body}");
@@ -62,13 +65,21 @@ fn every_face(lines: &[String]) -> Vec<Value> {
 
 #[test]
 fn greedy_and_seeded_answers_are_the_same_bytes_while_every_core_is_busy() {
+    for model in [model_path(), second_model_path()] {
+        same_bytes_under_load(&model.display().to_string());
+    }
+}
+
+fn same_bytes_under_load(model: &str) {
     let lines = requests();
-    let idle = every_face(&lines);
+    let idle = every_face(&lines, model);
     // Drafts were taken: the comparison covers verified drafts.
-    let verbose = cmpl(&["--json", "--verbose"]).stdin(&lines[1]).run();
+    let verbose = cmpl(&["--json", "--verbose", "-m", model])
+        .stdin(&lines[1])
+        .run();
     assert!(
         verbose.stderr.contains(" accepted") && !verbose.stderr.contains(" 0 accepted"),
-        "{}",
+        "{model}: {}",
         verbose.stderr
     );
     let stop = AtomicBool::new(false);
@@ -83,11 +94,16 @@ fn greedy_and_seeded_answers_are_the_same_bytes_while_every_core_is_busy() {
                 }
             });
         }
-        let busy = every_face(&lines);
+        let busy = every_face(&lines, model);
         stop.store(true, Ordering::Relaxed);
         busy
     });
     for (i, (b, a)) in busy.iter().zip(&idle).enumerate() {
-        assert_eq!(b, a, "answer {i} (of {}) differs under load", idle.len());
+        assert_eq!(
+            b,
+            a,
+            "{model}: answer {i} (of {}) differs under load",
+            idle.len()
+        );
     }
 }
