@@ -609,3 +609,47 @@ fn a_request_that_leaves_while_it_waits_for_its_model_gives_up_its_place() {
     let log = s.log_when(|l| l.matches("POST /v1/completions 200").count() >= 2);
     assert!(!log.contains("loading smol"), "{log}");
 }
+
+#[test]
+fn against_llama_servers_router_a_run_and_a_batch_pick_their_models() {
+    let dir = tempfile::tempdir().unwrap();
+    for path in [model_path(), second_model_path()] {
+        std::os::unix::fs::symlink(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    let server = common::server::LlamaServer::router(dir.path());
+    let (_, listed) = {
+        let mut r = ureq::get(&format!("{}/models", server.url()))
+            .call()
+            .unwrap();
+        (r.status(), r.body_mut().read_to_string().unwrap())
+    };
+    let listed: Value = serde_json::from_str(&listed).unwrap();
+    let ids: Vec<String> = (listed["data"].as_array().unwrap().iter())
+        .map(|m| m["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids.len(), 2, "{listed}");
+    let smol = ids.iter().find(|id| id.contains("SmolLM2")).unwrap();
+    let gemma = ids.iter().find(|id| id.contains("gemma")).unwrap();
+    // A run names one.
+    let out = cmpl(&[
+        "--base-url",
+        &server.url(),
+        "-m",
+        smol,
+        PROMPT,
+        "--max-tokens",
+        "8",
+        "--temperature",
+        "0",
+    ])
+    .run();
+    assert!(out.ok().contains("Paris"), "{}", out.stdout);
+    // A batch's lines name each.
+    let out = cmpl(&["--base-url", &server.url(), "--batch", "--parallel", "1"])
+        .stdin(lines(&[gemma, smol]))
+        .run();
+    let answered = answered(out.ok());
+    assert_eq!(answered[0].0, *gemma);
+    assert_eq!(answered[1].0, *smol);
+    assert!(answered[1].1.contains("Paris"), "{answered:?}");
+}

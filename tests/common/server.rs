@@ -17,12 +17,24 @@ impl LlamaServer {
     /// Starts llama-server with `extra` flags and waits (at most a minute)
     /// until it answers /health.
     pub fn start(extra: &[&str]) -> LlamaServer {
+        let model = model_path().display().to_string();
+        LlamaServer::spawn(&["-m", &model], extra)
+    }
+
+    /// llama-server's router mode: every GGUF in `dir`, each loaded when a
+    /// request names it (in a llama-server process of its own).
+    pub fn router(dir: &std::path::Path) -> LlamaServer {
+        let dir = dir.display().to_string();
+        LlamaServer::spawn(&["--models-dir", &dir, "--models-max", "2"], &[])
+    }
+
+    /// `models` (what it serves), the flags every test's shares, `extra`.
+    fn spawn(models: &[&str], extra: &[&str]) -> LlamaServer {
         let bin = std::env::var_os("CMPL_LLAMA_SERVER").expect(
             "CMPL_LLAMA_SERVER is not set: run scripts/test, which builds llama-server (bench/compare --server)",
         );
         let mut child = Command::new(&bin)
-            .arg("-m")
-            .arg(model_path())
+            .args(models)
             .args([
                 "--host",
                 "127.0.0.1",
