@@ -409,12 +409,18 @@ fn several_models_are_the_servers_alone() {
     .fails(2, "two models are named `a`: name one -m NAME=PATH");
 }
 
-#[test]
-fn a_models_folder_is_served_by_file_stem() {
+/// A folder holding the test model and SmolLM2 (links to them).
+fn models_folder() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     for path in [model_path(), second_model_path()] {
         std::os::unix::fs::symlink(&path, dir.path().join(path.file_name().unwrap())).unwrap();
     }
+    dir
+}
+
+#[test]
+fn a_models_folder_is_served_by_file_stem() {
+    let dir = models_folder();
     let s = Served::start(&["--models-dir", &dir.path().display().to_string()], &[]);
     let names: Vec<String> = states(&s).into_iter().map(|(id, _)| id).collect();
     assert_eq!(names, ["SmolLM2-135M-Instruct.Q4_1", GEMMA]);
@@ -612,10 +618,7 @@ fn a_request_that_leaves_while_it_waits_for_its_model_gives_up_its_place() {
 
 #[test]
 fn against_llama_servers_router_a_run_and_a_batch_pick_their_models() {
-    let dir = tempfile::tempdir().unwrap();
-    for path in [model_path(), second_model_path()] {
-        std::os::unix::fs::symlink(&path, dir.path().join(path.file_name().unwrap())).unwrap();
-    }
+    let dir = models_folder();
     let server = common::server::LlamaServer::router(dir.path());
     let (_, listed) = {
         let mut r = ureq::get(&format!("{}/models", server.url()))

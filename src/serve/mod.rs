@@ -278,7 +278,7 @@ enum Stop {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::options::RunSettings;
 

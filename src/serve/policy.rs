@@ -194,23 +194,9 @@ mod tests {
             ..Config::default()
         };
         let opts = ServeOptions {
-            listen: Listen::Tcp("127.0.0.1:0".parse().unwrap()),
             parallel: Some(2),
-            ctx_size: None,
             strict_model: strict,
-            trust_request_templates: trust,
-            drain: std::time::Duration::from_secs(1),
-            keep_alive: None,
-            queue_memory: None,
-            queue_timeout: std::time::Duration::from_secs(1),
-            compat: Default::default(),
-            ready_pipe: false,
-            models: Vec::new(),
-            models_dir: None,
-            models_max: None,
-            models_memory: None,
-            models_idle: None,
-            pin: Vec::new(),
+            ..crate::serve::tests::serve_options(Listen::Tcp("127.0.0.1:0".parse().unwrap()), trust)
         };
         Policy::new("served".into(), &config, &opts, 2, false)
     }

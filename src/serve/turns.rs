@@ -260,6 +260,19 @@ mod tests {
         )
     }
 
+    /// A table of `footprints` whose models `busy` are loaded, each
+    /// holding one request, in that order.
+    fn busy(footprints: &[u64], limits: Limits, busy: &[usize]) -> Table {
+        let mut t = table(footprints, limits);
+        for &i in busy {
+            let seq = want(&mut t, i);
+            t.plan();
+            t.loaded(i, footprints[i]);
+            serve(&mut t, i, seq);
+        }
+        t
+    }
+
     fn want(t: &mut Table, i: usize) -> u64 {
         let seq = t.arrive();
         t.slots[i].waiting.insert(seq);
@@ -320,37 +333,27 @@ mod tests {
 
     #[test]
     fn a_busy_model_closes_and_leaves_once_answered_an_idle_one_first() {
-        let mut t = table(
+        let mut t = busy(
             &[GIB, GIB, GIB],
             Limits {
                 max: 2,
                 memory: 8 * GIB,
             },
+            &[0, 1],
         );
-        for i in [0, 1] {
-            let seq = want(&mut t, i);
-            t.plan();
-            t.loaded(i, GIB);
-            serve(&mut t, i, seq);
-        }
         // 0 busy, 1 idle: 1 leaves though it was used later.
         t.slots[1].busy = 0;
         want(&mut t, 2);
         assert_eq!(t.plan(), [Unload(1)]);
         // Both busy: the least recently used closes and takes no more.
-        let mut t = table(
+        let mut t = busy(
             &[GIB, GIB, GIB],
             Limits {
                 max: 2,
                 memory: 8 * GIB,
             },
+            &[0, 1],
         );
-        for i in [0, 1] {
-            let seq = want(&mut t, i);
-            t.plan();
-            t.loaded(i, GIB);
-            serve(&mut t, i, seq);
-        }
         want(&mut t, 2);
         assert_eq!(t.plan(), []);
         assert!(t.slots[0].closed && !t.open(0) && t.open(1));
