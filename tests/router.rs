@@ -390,6 +390,10 @@ fn several_models_are_the_servers_alone() {
         2,
         "-m is given 2 times; several models are served with --serve",
     );
+    cmpl(&["--models-max", "2", PROMPT]).run().fails(
+        2,
+        "--models-max applies to a server: add --serve, or drop --models-max",
+    );
     cmpl(&["--models-dir", "/tmp", PROMPT]).run().fails(
         2,
         "--models-dir /tmp serves the models there and needs --serve",

@@ -110,6 +110,12 @@ impl Cli {
                 format!("-m is given {} times; several models are served with --serve, and a run uses one: give -m once", self.model.len()),
             ));
         }
+        if let (Some(flag), false) = (self.server.given(), serving) {
+            return Err(CmplError::invalid(
+                &flag.trim_start_matches('-').replace('-', "_"),
+                format!("{flag} applies to a server: add --serve, or drop {flag}"),
+            ));
+        }
         if let (Some(Some(dir)), false) = (&self.models_dir, serving) {
             return Err(CmplError::invalid(
                 "models_dir",

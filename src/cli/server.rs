@@ -56,3 +56,24 @@ pub struct ServerFlags {
     #[arg(long, value_name = "NAME", requires = "serve", action = ArgAction::Append, help_heading = "Server")]
     pub pin: Vec<String>,
 }
+
+impl ServerFlags {
+    /// The first of these given, as its flag: without `--serve` it would
+    /// do nothing (clap's `requires` is not enforced under this command's
+    /// settings), so it is refused.
+    pub fn given(&self) -> Option<&'static str> {
+        [
+            ("--strict-model", self.strict_model),
+            ("--trust-request-templates", self.trust_request_templates),
+            ("--drain-timeout", self.drain_timeout.is_some()),
+            ("--queue-memory", self.queue_memory.is_some()),
+            ("--queue-timeout", self.queue_timeout.is_some()),
+            ("--models-max", self.models_max.is_some()),
+            ("--models-memory", self.models_memory.is_some()),
+            ("--models-idle", self.models_idle.is_some()),
+            ("--pin", !self.pin.is_empty()),
+        ]
+        .into_iter()
+        .find_map(|(flag, given)| given.then_some(flag))
+    }
+}
