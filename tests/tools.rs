@@ -182,21 +182,49 @@ fn each_familys_template_renders_the_tools_and_its_calls_parse() {
             "\"arguments\"",
         ),
         ("Qwen-Qwen3-0.6B.jinja", "\"arguments\""),
+        // The framed families: each argument a tagged element, or the
+        // name outside the JSON.
+        ("Qwen3-Coder.jinja", "<parameter=city>\nParis\n</parameter>"),
+        ("GLM-4.6.jinja", "<arg_key>city</arg_key>\n<arg_value>Paris"),
+        (
+            "MiniMax-M2.jinja",
+            "<parameter name=\"city\">Paris</parameter>",
+        ),
+        (
+            "moonshotai-Kimi-K2.jinja",
+            "<|tool_call_begin|>functions.get_weather:",
+        ),
+        // Its template shows no tools: cmpl shows them in the system message.
+        (
+            "deepseek-ai-DeepSeek-V3.1.jinja",
+            "get_weather<｜tool▁sep｜>{",
+        ),
     ];
     for (name, key) in families {
         let t = common::run::real_template(name);
-        let out = cmpl(&["-m", &model, "--chat-template", &t, "--tools", &tools])
-            .args(["--no-think"].iter().filter(|_| name.starts_with("Qwen")))
-            .args([
-                "--tool-choice",
-                "required",
-                "--temperature",
-                "0",
-                "--max-tokens",
-                "64",
-            ])
-            .args(["--json", "--echo", "What is the weather in Paris?"])
-            .run();
+        // Answers, not thoughts, where the template thinks (a template that
+        // does not takes it as well).
+        let out = cmpl(&[
+            "-m",
+            &model,
+            "--chat-template",
+            &t,
+            "--tools",
+            &tools,
+            "--no-think",
+        ])
+        .args([
+            "--tool-choice",
+            "required",
+            "--parallel-tool-calls",
+            "false",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "96",
+        ])
+        .args(["--json", "--echo", "What is the weather in Paris?"])
+        .run();
         let v = out.json();
         let prompt = v["prompt"][0]["text"].as_str().unwrap();
         assert!(prompt.contains("get_weather"), "{name}: {prompt:?}");
@@ -220,7 +248,8 @@ fn each_familys_template_renders_the_tools_and_its_calls_parse() {
             .stdin(body.to_string())
             .run()
             .json();
-        let prompt = v["prompt"][0]["text"].as_str().unwrap();
+        let prompt = v["prompt"][0]["text"].as_str();
+        let prompt = prompt.unwrap_or_else(|| panic!("{name}: {v}"));
         assert!(prompt.contains("21 C, clear"), "{name}: {prompt:?}");
     }
 }
@@ -311,4 +340,90 @@ fn a_cut_answer_keeps_the_calls_it_wrote_whole_on_every_face() {
     }
     assert_eq!(cities(&joined), ["Paris", "London"], "{body}");
     assert_eq!(deltas.last().unwrap()["finish_reason"], "length", "{body}");
+}
+
+/// A framed family (Qwen3-Coder's tagged arguments, from its real template)
+/// on the server: the calls whole and streamed are the same, each value of
+/// its schema's type (`days` an integer, written as text), and an answer
+/// cut inside its second call keeps the first, whole and streamed.
+#[test]
+fn a_framed_familys_calls_read_the_same_whole_and_streamed() {
+    let model = tool_model_path().display().to_string();
+    let t = common::run::real_template("Qwen3-Coder.jinja");
+    let served = Served::start(&["-m", &model, "--chat-template", &t], &[]);
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city"]}}}]);
+    for (max_tokens, finish, cities) in [
+        (60, "length", vec!["Paris"]),
+        (200, "tool_calls", vec!["Paris", "London", "Tokyo"]),
+    ] {
+        let request = json!({"messages": [{"role": "user",
+            "content": "What is the weather in Paris, London and Tokyo?"}],
+            "tools": tools, "tool_choice": "required", "temperature": 0, "max_tokens": max_tokens});
+        let (status, body) =
+            served.send("POST", "/v1/chat/completions", &request.to_string(), None);
+        assert_eq!(status, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        let choice = &v["choices"][0];
+        assert_eq!(choice["finish_reason"], finish, "{v}");
+        let calls = choice["message"]["tool_calls"].as_array().unwrap();
+        let args: Vec<Value> = calls
+            .iter()
+            .map(|c| serde_json::from_str(c["function"]["arguments"].as_str().unwrap()).unwrap())
+            .collect();
+        let named: Vec<&str> = args.iter().map(|a| a["city"].as_str().unwrap()).collect();
+        assert_eq!(named, cities, "{v}");
+        assert!(args[0]["days"].is_u64(), "{v}");
+        let mut streamed = request.clone();
+        streamed["stream"] = json!(true);
+        let (status, body) =
+            served.send("POST", "/v1/chat/completions", &streamed.to_string(), None);
+        assert_eq!(status, 200, "{body}");
+        let chunks = events(&body);
+        let mut joined: Vec<(String, String)> = Vec::new();
+        for part in chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
+            .flatten()
+        {
+            let i = part["index"].as_u64().unwrap() as usize;
+            if i == joined.len() {
+                joined.push(Default::default());
+            }
+            if let Some(name) = part["function"]["name"].as_str() {
+                joined[i].0 = name.to_string();
+            }
+            joined[i].1 += part["function"]["arguments"].as_str().unwrap_or("");
+        }
+        let whole: Vec<(String, String)> = calls
+            .iter()
+            .map(|c| {
+                let f = &c["function"];
+                (
+                    f["name"].as_str().unwrap().into(),
+                    f["arguments"].as_str().unwrap().into(),
+                )
+            })
+            .collect();
+        assert_eq!(joined, whole, "{body}");
+        let content: String = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(
+            Some(content.as_str()).filter(|c| !c.is_empty()),
+            choice["message"]["content"].as_str(),
+            "{body}"
+        );
+        let last = chunks
+            .iter()
+            .rev()
+            .find(|c| !c["choices"][0]["finish_reason"].is_null());
+        assert_eq!(
+            last.unwrap()["choices"][0]["finish_reason"],
+            finish,
+            "{body}"
+        );
+    }
 }

@@ -14,15 +14,15 @@ const COPY: &str = "Here is some code.\n\n```\ndef average(values):\n    if not 
 fn requests() -> Vec<String> {
     let text = "The river runs past the old mill, under the stone bridge, and into the town. ";
     [
-        ("The capital of France is", 0.0, 32),
-        (COPY, 0.0, 64),
-        (COPY, 0.8, 48),
+        ("The capital of France is", 0.0, 16),
+        (COPY, 0.0, 48),
+        (COPY, 0.8, 32),
         (
             &format!("{}\nCopy the text above:\n", text.repeat(4)),
             0.0,
-            48,
+            32,
         ),
-        ("A short note about rain:", 0.8, 24),
+        ("A short note about rain:", 0.8, 16),
     ]
     .iter()
     .map(|(p, t, n)| {
@@ -84,9 +84,9 @@ fn same_bytes_under_load(model: &str) {
     );
     let stop = AtomicBool::new(false);
     let busy = std::thread::scope(|s| {
-        // Two busy threads per core, for as long as the runs take.
+        // A busy thread per core, for as long as the runs take.
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        for _ in 0..2 * cores {
+        for _ in 0..cores {
             s.spawn(|| {
                 let mut x = 1u64;
                 while !stop.load(Ordering::Relaxed) {

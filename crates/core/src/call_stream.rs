@@ -6,6 +6,8 @@
 //! object at the top, its `name` and its `arguments` (Llama 3's
 //! `parameters`) keys of that object.
 
+use crate::tools::Tools;
+
 /// What a stretch of a call's text added.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Part {
@@ -40,9 +42,26 @@ pub struct CallStream {
 
 impl CallStream {
     /// Reads `text` (all of the choice's text so far: the same text, grown)
-    /// from where the last read stopped.
-    pub fn read(&mut self, text: &str) -> Vec<Part> {
+    /// from where the last read stopped. A framed family's calls (their
+    /// name outside their arguments) are read as each is written whole.
+    pub fn read(&mut self, text: &str, tools: &Tools) -> Vec<Part> {
         let mut parts = Vec::new();
+        if let Some(read) = crate::family::framed(text, tools) {
+            for call in read.calls.into_iter().skip(self.named as usize) {
+                let index = self.named;
+                parts.push(Part::Open {
+                    index,
+                    name: call.name,
+                });
+                parts.push(Part::Arguments {
+                    index,
+                    text: call.arguments,
+                });
+                parts.push(Part::Closed { index });
+                self.named += 1;
+            }
+            return parts;
+        }
         let start = self.at.min(text.len());
         for (i, c) in text[start..].char_indices() {
             self.char(c, start + i, text, &mut parts);
@@ -150,6 +169,13 @@ impl CallStream {
 mod tests {
     use super::*;
 
+    fn tools() -> Tools {
+        let weather = crate::tools::tests::weather();
+        Tools::from_fields(Some(&weather), None, None)
+            .unwrap()
+            .unwrap()
+    }
+
     /// The parts of `pieces` read one after another, and the arguments of
     /// each call joined as a client joins them.
     fn stream(pieces: &[&str]) -> (Vec<String>, Vec<String>) {
@@ -159,7 +185,7 @@ mod tests {
         let mut closed = 0;
         for p in pieces {
             text.push_str(p);
-            for part in s.read(&text) {
+            for part in s.read(&text, &tools()) {
                 match part {
                     Part::Open { index, name } => {
                         assert_eq!(index as usize, names.len());
@@ -195,7 +221,7 @@ mod tests {
         let mut s = CallStream::default();
         let one = r#"{"name": "a", "arguments": {"x": {"y": 1}}}"#;
         let text = format!("<tool_call>\n{one}\n</tool_call>\n<tool_call>\n{{\"name\": \"b\", \"arguments\": {{\"x\"");
-        let parts = s.read(&text);
+        let parts = s.read(&text, &tools());
         let closed: Vec<&Part> = parts
             .iter()
             .filter(|p| matches!(p, Part::Closed { .. }))

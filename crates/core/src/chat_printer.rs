@@ -226,7 +226,10 @@ impl<W: Write> ChatWriter<W> {
         }
         let held = &mut self.held[choice as usize];
         let parts = match &mut held.calls {
-            Some(calls) => calls.read(&held.text),
+            Some(calls) => match &self.tools {
+                Some(tools) => calls.read(&held.text, tools),
+                None => Vec::new(),
+            },
             None => Vec::new(),
         };
         for part in parts {

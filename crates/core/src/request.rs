@@ -708,13 +708,16 @@ impl Request {
         let family = format.family();
         let mapped = family.conversation(&chat.messages);
         let messages = mapped.as_ref().unwrap_or(&chat.messages);
-        let job = template::Job::new(source, messages, specials, limit)
-            .thinking(chat.think.or(chat.reasoning_budget.map(|_| true)));
+        let think = chat.think.or(chat.reasoning_budget.map(|_| true));
+        let job_of = |m: &[Message]| template::Job::new(source, m, specials, limit).thinking(think);
+        let job = job_of(messages);
         let rendered = match &chat.tools {
             None => crate::sandbox::render(&job)?,
             Some(tools) => {
-                let with =
-                    crate::sandbox::render(&job.clone().with_tools(Some(tools.given.clone())))?;
+                // A family whose templates do not show tools shows them itself.
+                let shown = family.shown_tools(messages, &tools.given);
+                let shown = job_of(shown.as_deref().unwrap_or(messages));
+                let with = crate::sandbox::render(&shown.with_tools(Some(tools.given.clone())))?;
                 // A template that never reads `tools` would drop them unsaid.
                 if crate::sandbox::render(&job)?.prompt == with.prompt {
                     return Err(CmplError::invalid(

@@ -600,6 +600,45 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn framed_families_hold_each_value_to_its_schemas_type() {
+        use cmpl_core::family::Format;
+        use cmpl_core::tools::Tools;
+        let given = json!([{"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                "days": {"type": "integer"}, "unit": {"enum": ["c", "f"]}},
+            "required": ["city"]}}}]);
+        let tools = Tools::from_fields(Some(&given), None, None)
+            .unwrap()
+            .unwrap();
+        let c = |format| Constraint::Tools {
+            tools: tools.clone(),
+            format,
+        };
+        let qwen = c(Format::Qwen3Coder);
+        let call =
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\nNew <York>\n</parameter>\n\
+                    <parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+        assert_eq!(takes(&qwen, call), (true, true));
+        assert_eq!(takes(&qwen, &format!("Sure. {call}\n{call}")), (true, true));
+        assert_eq!(takes(&qwen, "Sure."), (true, true));
+        // A value of another type, a tool not offered, a required argument left out.
+        assert!(!takes(&qwen, "<tool_call>\n<function=get_weather>\n<parameter=city>\nX\n</parameter>\n<parameter=days>\nthree").0);
+        assert!(!takes(&qwen, "<tool_call>\n<function=rm>").0);
+        assert!(!takes(&qwen, "<tool_call>\n<function=get_weather>\n</function>").0);
+        let glm = "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n\
+                   <arg_key>unit</arg_key>\n<arg_value>c</arg_value>\n</tool_call>";
+        assert_eq!(takes(&c(Format::Glm), glm), (true, true));
+        assert!(!takes(&c(Format::Glm), "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>P</arg_value>\n<arg_key>unit</arg_key>\n<arg_value>k").0);
+        let minimax = "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Paris</parameter>\n</invoke>\n\
+                       <invoke name=\"get_weather\">\n<parameter name=\"city\">Rome</parameter>\n</invoke>\n</minimax:tool_call>";
+        assert_eq!(takes(&c(Format::MiniMax), minimax), (true, true));
+        let kimi = "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>\
+                    {\"city\": \"Oslo\"}<|tool_call_end|><|tool_calls_section_end|>";
+        assert_eq!(takes(&c(Format::Kimi), kimi), (true, true));
+        assert!(!takes(&c(Format::Kimi), "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"days\": 1}").0);
+    }
+
+    #[test]
     fn a_wrapper_that_is_a_special_token_opens_calls_by_its_id() {
         use cmpl_core::family::Format;
         use cmpl_core::tools::Tools;

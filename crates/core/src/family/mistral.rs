@@ -31,6 +31,7 @@ impl Family for Mistral {
                 open: "[TOOL_CALLS]",
                 rest: list,
             }],
+            defs: String::new(),
         }
     }
 }

@@ -8,14 +8,22 @@
 //! [`Family`], and its row: a [`Format`] and its entry in [`FAMILIES`]
 //! (before any family whose test would also take its template).
 
+mod deepseek;
+mod frame;
 mod generic;
+mod glm;
 mod hermes;
+mod kimi;
 mod llama3;
+mod minimax;
 mod mistral;
+mod qwen3_coder;
 mod read;
 
+pub use frame::{Args, Frame};
+
 pub use read::{
-    opening_at, opens_as_words, read_answer, read_calls, whole_calls, words_shown, Answer,
+    framed, opening_at, opens_as_words, read_answer, read_calls, whole_calls, words_shown, Answer,
 };
 
 use crate::template::Message;
@@ -26,6 +34,11 @@ use serde_json::{json, Value};
 /// A family, by name: what a request carries (it crosses to a resident).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Format {
+    Qwen3Coder,
+    Glm,
+    MiniMax,
+    Kimi,
+    DeepSeek,
     Hermes,
     Llama3,
     Mistral,
@@ -33,7 +46,12 @@ pub enum Format {
 }
 
 /// Every family, in the order their templates are tried.
-pub const FAMILIES: [(Format, &dyn Family); 4] = [
+pub const FAMILIES: [(Format, &dyn Family); 9] = [
+    (Format::Qwen3Coder, &qwen3_coder::Qwen3Coder),
+    (Format::Glm, &glm::Glm),
+    (Format::MiniMax, &minimax::MiniMax),
+    (Format::Kimi, &kimi::Kimi),
+    (Format::DeepSeek, &deepseek::DeepSeek),
     (Format::Hermes, &hermes::Hermes),
     (Format::Mistral, &mistral::Mistral),
     (Format::Llama3, &llama3::Llama3),
@@ -85,10 +103,25 @@ pub trait Family: Sync {
         None
     }
 
-    /// Its calls' rules in the grammar ([`lark`]): the wrapper around each
-    /// call, or the JSON alone (as small models write even where their
-    /// template asks for the wrapper).
+    /// The conversation with the tools shown, where its templates do not
+    /// show them (`tools` as the template's `tools` variable takes them).
+    fn shown_tools(&self, _messages: &[Message], _tools: &Value) -> Option<Vec<Message>> {
+        None
+    }
+
+    /// How its calls are framed, where they are not one JSON object each
+    /// (the name outside the arguments, or the arguments tagged).
+    fn frame(&self) -> Option<&'static Frame> {
+        None
+    }
+
+    /// Its calls' rules in the grammar ([`lark`]): its frame's, or the
+    /// wrapper around each JSON call, or the JSON alone (as small models
+    /// write even where their template asks for the wrapper).
     fn rules(&self, g: &Grammar) -> Rules {
+        if let Some(frame) = self.frame() {
+            return frame.rules(g);
+        }
         let call = match self.wrapper() {
             Some((open, close)) => format!(
                 "{} \"\\n\" body \"\\n\" {} | body | {FENCED}",
@@ -101,6 +134,7 @@ pub trait Family: Sync {
             call,
             calls: g.repeated("call", "\"\\n\""),
             after_words: self.after_words(g),
+            defs: String::new(),
         }
     }
 
@@ -122,10 +156,12 @@ pub trait Family: Sync {
     }
 }
 
-/// What the grammar is built for: the tools, and the model's vocabulary.
+/// What the grammar is built for: the tools (each one's parameters readied
+/// by `schema`), and the model's vocabulary.
 pub struct Grammar<'a> {
     pub tools: &'a Tools,
     special: &'a dyn Fn(&str) -> Option<u32>,
+    pub schema: &'a dyn Fn(&Value) -> Value,
 }
 
 impl Grammar<'_> {
@@ -137,6 +173,32 @@ impl Grammar<'_> {
             Some(id) => format!("<[{id}]>"),
             None => serde_json::to_string(t).unwrap_or_default(),
         }
+    }
+
+    /// `text` as the grammar writes it, each `<…>` in it that is one
+    /// special token by its id (Qwen's `<tool_call>` inside
+    /// `<tool_call>\n<function=`); nothing for no text.
+    pub fn seq(&self, text: &str) -> String {
+        let mut parts = Vec::new();
+        let (mut from, mut at) = (0, 0);
+        while let Some(i) = text[at..].find('<').map(|i| at + i) {
+            let token = text[i..].find('>').map(|j| &text[i..i + j + 1]);
+            match token.and_then(|t| Some((t, (self.special)(t)?))) {
+                Some((t, id)) if !t[1..].contains(['<', ' ', '\n']) => {
+                    if i > from {
+                        parts.push(self.text(&text[from..i]));
+                    }
+                    parts.push(format!("<[{id}]>"));
+                    from = i + t.len();
+                    at = from;
+                }
+                _ => at = i + 1,
+            }
+        }
+        if from < text.len() {
+            parts.push(self.text(&text[from..]));
+        }
+        parts.join(" ")
     }
 
     /// `rule`, and more of it after `separator` where calls may be several.
@@ -154,12 +216,13 @@ impl Grammar<'_> {
     }
 }
 
-/// A family's rules: one call, the calls an answer opens with, and what
-/// opens calls after words.
+/// A family's rules: one call, the calls an answer opens with, what
+/// opens calls after words, and any rules of its own those name.
 pub struct Rules {
     pub call: String,
     pub calls: String,
     pub after_words: Vec<Lead>,
+    pub defs: String,
 }
 
 /// An opening after words, and the rule for what follows it.
@@ -181,11 +244,31 @@ const WORDS: &str = r"([^{\[<\s`]|`[^`]|``[^`]|```[^j]|```j[^s]|```js[^o]|```jso
 pub fn openings() -> Vec<&'static str> {
     let mut all = vec!["```json"];
     for (_, family) in FAMILIES {
-        if let Some((open, _)) = family.wrapper() {
-            all.push(open);
+        let open = family.wrapper().map(|w| w.0);
+        if let Some(open) = open.or(family.frame().map(Frame::opening)) {
+            if !all.contains(&open) {
+                all.push(open);
+            }
         }
     }
     all
+}
+
+/// `messages` with `text` at the head of their system message (one made
+/// where they have none).
+fn with_system(messages: &[Message], text: &str) -> Vec<Message> {
+    let mut out = messages.to_vec();
+    let system = crate::fields::SYSTEM.name;
+    match out.first_mut().filter(|m| m.role == system) {
+        Some(first) => first.content = format!("{}\n\n{text}", first.content),
+        None => out.insert(0, Message::new(system, text)),
+    }
+    out
+}
+
+/// Every framed family's frame ([`Family::frame`]).
+pub fn frames() -> impl Iterator<Item = &'static Frame> {
+    FAMILIES.into_iter().filter_map(|(_, f)| f.frame())
 }
 
 /// Every family's wrappers, and the code block's fences: what is taken off
@@ -237,7 +320,11 @@ pub fn lark(
     // One line, `, ` and `: ` between items, as templates show calls.
     body["x-guidance"] =
         json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "});
-    let g = Grammar { tools, special };
+    let g = Grammar {
+        tools,
+        special,
+        schema: &schema,
+    };
     let rules = family.rules(&g);
     let (start, lead) = match tools.choice {
         Choice::Auto => {
@@ -266,29 +353,32 @@ pub fn lark(
          calls: {calls}\n\
          call: {call}\n\
          body: %json {body}\n\
+         {defs}\
          {lead}\
          TEXT: /{WORDS}/ & ~/{holds}/\n",
         calls = rules.calls,
         call = rules.call,
+        defs = rules.defs,
         holds = holds_opening(),
     )
 }
 
 /// A regex for text that holds a call opening ([`openings`]).
 fn holds_opening() -> String {
-    let escaped: Vec<String> = openings()
-        .iter()
-        .map(|o| {
-            o.chars()
-                .map(|c| match c {
-                    '[' | ']' | '(' | ')' | '{' | '}' | '|' | '*' | '+' | '?' | '.' | '\\'
-                    | '/' | '^' | '$' => format!("\\{c}"),
-                    c => c.to_string(),
-                })
-                .collect()
-        })
-        .collect();
+    let escaped: Vec<String> = openings().iter().map(|o| escape(o)).collect();
     format!(r"[\s\S]*({})[\s\S]*", escaped.join("|"))
+}
+
+/// `text` as a Lark regex matches it.
+fn escape(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            '[' | ']' | '(' | ')' | '{' | '}' | '|' | '*' | '+' | '?' | '.' | '\\' | '/' | '^'
+            | '$' => format!("\\{c}"),
+            '\n' => "\\n".to_string(),
+            c => c.to_string(),
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -336,7 +426,7 @@ mod tests {
         assert!(llama.contains("\"parameters\""), "{llama}");
         // Words never hold an opening of any family.
         assert!(
-            hermes.ends_with("& ~/[\\s\\S]*(```json|<tool_call>|\\[TOOL_CALLS\\])[\\s\\S]*/\n"),
+            hermes.ends_with("& ~/[\\s\\S]*(```json|<tool_call>|<minimax:tool_call>|<\\|tool_calls_section_begin\\|>|<｜tool▁calls▁begin｜>|\\[TOOL_CALLS\\])[\\s\\S]*/\n"),
             "{hermes}"
         );
     }
@@ -345,6 +435,17 @@ mod tests {
     fn templates_name_their_family_first_match_first() {
         assert_eq!(Format::of("{{- '<tool_call>\\n' }}"), Format::Hermes);
         assert_eq!(Format::of("[TOOL_CALLS]"), Format::Mistral);
+        let qwen3_coder = "<tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>";
+        assert_eq!(Format::of(qwen3_coder), Format::Qwen3Coder);
+        assert_eq!(
+            Format::of("<tool_call>f\n<arg_key>x</arg_key>"),
+            Format::Glm
+        );
+        let minimax = "<minimax:tool_call>\n<invoke name=\"f\">";
+        assert_eq!(Format::of(minimax), Format::MiniMax);
+        assert_eq!(Format::of("<|tool_calls_section_begin|>"), Format::Kimi);
+        let deepseek = "<｜tool▁call▁begin｜>' + name + '<｜tool▁sep｜>";
+        assert_eq!(Format::of(deepseek), Format::DeepSeek);
         assert_eq!(Format::of("<|python_tag|>"), Format::Llama3);
         assert_eq!(
             Format::of("{% for t in tools %}{{ t | tojson }}{% endfor %}"),
@@ -356,6 +457,16 @@ mod tests {
         for f in &formats {
             assert_eq!(formats.iter().filter(|g| *g == f).count(), 1, "{f:?}");
         }
-        assert_eq!(openings(), ["```json", "<tool_call>", "[TOOL_CALLS]"]);
+        assert_eq!(
+            openings(),
+            [
+                "```json",
+                "<tool_call>",
+                "<minimax:tool_call>",
+                "<|tool_calls_section_begin|>",
+                "<｜tool▁calls▁begin｜>",
+                "[TOOL_CALLS]"
+            ]
+        );
     }
 }

@@ -13,6 +13,9 @@ use serde_json::Value;
 /// kept, whitespace between); `None` for an answer in words, or one cut
 /// short (a call's JSON that does not parse whole).
 pub fn read_calls(text: &str, tools: &Tools) -> Option<Vec<Call>> {
+    if let Some(read) = framed(text, tools) {
+        return read.whole.then_some(read.calls);
+    }
     let mut text = text.to_string();
     for wrapper in super::wrappers() {
         text = text.replace(wrapper, " ");
@@ -33,6 +36,13 @@ pub fn read_calls(text: &str, tools: &Tools) -> Option<Vec<Call>> {
     };
     let calls: Option<Vec<Call>> = values.iter().map(|v| call_of(v, tools)).collect();
     calls.filter(|c| !c.is_empty() && (tools.parallel || c.len() == 1))
+}
+
+/// `text` read by the framed family whose calls it opens as, if any.
+pub fn framed(text: &str, tools: &Tools) -> Option<super::frame::Read> {
+    super::frames()
+        .map(|frame| frame.read(text, tools))
+        .find(|read| read.mine)
 }
 
 /// `v` as a call of one of `tools`: its name one of theirs, its arguments
@@ -93,6 +103,10 @@ pub fn read_answer(text: &str, tools: &Tools, cut: bool) -> Option<Answer> {
 /// take one), and what follows the last of them: a cut answer's rest, from
 /// where its next call began. `None` where no call is whole.
 pub fn whole_calls<'a>(text: &'a str, tools: &Tools) -> Option<(Vec<Call>, &'a str)> {
+    if let Some(read) = framed(text, tools) {
+        let rest = text[read.end..].trim_start();
+        return (!read.calls.is_empty()).then_some((read.calls, rest));
+    }
     // Wrappers and fences blanked byte for byte, so that offsets hold.
     let mut masked = text.to_string();
     for wrapper in super::wrappers() {
