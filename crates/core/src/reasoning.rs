@@ -22,35 +22,43 @@ pub struct Tags {
     pub after_open: &'static str,
 }
 
-/// The families' tags, as their templates write them: `<think>` (Qwen3,
-/// DeepSeek-R1, SmolLM3), `[THINK]` (Mistral's Magistral), and gpt-oss's
-/// analysis channel, which its final channel closes.
-pub const TAGS: [Tags; 3] = [
-    Tags {
-        open: "<think>",
-        close: "</think>",
-        after_open: "\n",
-    },
-    Tags {
-        open: "[THINK]",
-        close: "[/THINK]",
-        after_open: "",
-    },
-    Tags {
-        open: "<|channel|>analysis<|message|>",
-        close: "<|end|><|start|>assistant<|channel|>final<|message|>",
-        after_open: "",
-    },
-];
+/// `<think>` and `</think>` (Qwen3, DeepSeek-R1, SmolLM3, GLM, MiniMax, Kimi).
+pub const ANGLE: Tags = Tags {
+    open: "<think>",
+    close: "</think>",
+    after_open: "\n",
+};
 
-/// The tags a template writes around reasoning, if it shows any. gpt-oss's
-/// template writes the channel's name apart from its markers.
-pub fn tags_of(template: &str) -> Option<Tags> {
-    let shows = |t: &Tags| match t.open.strip_prefix("<|channel|>") {
+/// `[THINK]` and `[/THINK]` (Mistral's Magistral).
+pub const SQUARE: Tags = Tags {
+    open: "[THINK]",
+    close: "[/THINK]",
+    after_open: "",
+};
+
+/// gpt-oss's analysis channel, which its final channel closes.
+pub const CHANNEL: Tags = Tags {
+    open: "<|channel|>analysis<|message|>",
+    close: "<|end|><|start|>assistant<|channel|>final<|message|>",
+    after_open: "",
+};
+
+/// Every family's tags, tried in this order where a template's tool-call
+/// family (`family::Family::reasoning`) names none it shows.
+pub const TAGS: [Tags; 3] = [ANGLE, SQUARE, CHANNEL];
+
+/// Whether `template` shows reasoning in `tags`. gpt-oss's template writes
+/// the channel's name apart from its markers.
+pub fn shows(tags: &Tags, template: &str) -> bool {
+    match tags.open.strip_prefix("<|channel|>") {
         Some(_) => template.contains("<|channel|>") && template.contains("analysis"),
-        None => template.contains(t.open) && template.contains(t.close),
-    };
-    TAGS.into_iter().find(shows)
+        None => template.contains(tags.open) && template.contains(tags.close),
+    }
+}
+
+/// The tags a template writes around reasoning, if it shows any.
+pub fn tags_of(template: &str) -> Option<Tags> {
+    TAGS.into_iter().find(|t| shows(t, template))
 }
 
 /// A choice's reasoning as the engine runs it: the text that closes it and

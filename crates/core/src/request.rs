@@ -739,8 +739,12 @@ impl Request {
             }
         }
         let (think, budget) = (chat.think, chat.reasoning_budget);
-        let (opened, reasoning) =
-            reasoning::begin(reasoning::tags_of(source), &rendered.prompt, think, budget)?;
+        // The family's own tags where its template shows them, else any.
+        let tags = family
+            .reasoning()
+            .filter(|t| reasoning::shows(t, source))
+            .or_else(|| reasoning::tags_of(source));
+        let (opened, reasoning) = reasoning::begin(tags, &rendered.prompt, think, budget)?;
         self.prompt = rendered.prompt + &opened;
         self.reasoning = reasoning;
         if let Some(chat) = &mut self.chat {

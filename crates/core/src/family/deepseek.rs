@@ -4,6 +4,7 @@
 //! message, as DeepSeek's own prompt for V3.1 describes them.
 
 use super::{Args, Family, Frame};
+use crate::reasoning::{self, Tags};
 use crate::template::Message;
 use serde_json::Value;
 
@@ -22,6 +23,10 @@ const FRAME: Frame = Frame {
 impl Family for DeepSeek {
     fn recognises(&self, template: &str) -> bool {
         template.contains("<｜tool▁call▁begin｜>") && template.contains("<｜tool▁sep｜>")
+    }
+
+    fn reasoning(&self) -> Option<Tags> {
+        Some(reasoning::ANGLE)
     }
 
     fn frame(&self) -> Option<&'static Frame> {

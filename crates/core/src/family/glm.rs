@@ -3,6 +3,7 @@
 //! `<arg_value>VALUE</arg_value>` (a string value as its text).
 
 use super::{Args, Family, Frame};
+use crate::reasoning::{self, Tags};
 
 pub struct Glm;
 
@@ -22,6 +23,10 @@ const FRAME: Frame = Frame {
 impl Family for Glm {
     fn recognises(&self, template: &str) -> bool {
         template.contains("<arg_key>")
+    }
+
+    fn reasoning(&self) -> Option<Tags> {
+        Some(reasoning::ANGLE)
     }
 
     fn frame(&self) -> Option<&'static Frame> {

@@ -3,12 +3,17 @@
 //! Qwen's vocabulary).
 
 use super::Family;
+use crate::reasoning::{self, Tags};
 
 pub struct Hermes;
 
 impl Family for Hermes {
     fn recognises(&self, template: &str) -> bool {
         template.contains("<tool_call>")
+    }
+
+    fn reasoning(&self) -> Option<Tags> {
+        Some(reasoning::ANGLE)
     }
 
     fn wrapper(&self) -> Option<(&'static str, &'static str)> {

@@ -4,6 +4,7 @@
 //! answer's calls (the call's id in its templates).
 
 use super::{Args, Family, Frame};
+use crate::reasoning::{self, Tags};
 
 pub struct Kimi;
 
@@ -20,6 +21,10 @@ const FRAME: Frame = Frame {
 impl Family for Kimi {
     fn recognises(&self, template: &str) -> bool {
         template.contains("<|tool_calls_section_begin|>")
+    }
+
+    fn reasoning(&self) -> Option<Tags> {
+        Some(reasoning::ANGLE)
     }
 
     fn frame(&self) -> Option<&'static Frame> {

@@ -3,6 +3,7 @@
 //! `<parameter name="KEY">VALUE</parameter>` (a string value as its text).
 
 use super::{Args, Family, Frame};
+use crate::reasoning::{self, Tags};
 
 pub struct MiniMax;
 
@@ -22,6 +23,10 @@ const FRAME: Frame = Frame {
 impl Family for MiniMax {
     fn recognises(&self, template: &str) -> bool {
         template.contains("<minimax:tool_call>") && template.contains("<invoke name=")
+    }
+
+    fn reasoning(&self) -> Option<Tags> {
+        Some(reasoning::ANGLE)
     }
 
     fn frame(&self) -> Option<&'static Frame> {

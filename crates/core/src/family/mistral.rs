@@ -2,6 +2,7 @@
 //! JSON list; its templates take call ids of nine letters and digits.
 
 use super::{Family, Grammar, Lead, Rules};
+use crate::reasoning::{self, Tags};
 use crate::template::Message;
 use serde_json::Value;
 
@@ -10,6 +11,10 @@ pub struct Mistral;
 impl Family for Mistral {
     fn recognises(&self, template: &str) -> bool {
         template.contains("[TOOL_CALLS]")
+    }
+
+    fn reasoning(&self) -> Option<Tags> {
+        Some(reasoning::SQUARE)
     }
 
     fn wrapper(&self) -> Option<(&'static str, &'static str)> {

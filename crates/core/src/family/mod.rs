@@ -26,6 +26,7 @@ pub use read::{
     framed, opening_at, opens_as_words, read_answer, read_calls, whole_calls, words_shown, Answer,
 };
 
+use crate::reasoning::Tags;
 use crate::template::Message;
 use crate::tools::{Choice, Tools};
 use serde::{Deserialize, Serialize};
@@ -106,6 +107,12 @@ pub trait Family: Sync {
     /// The conversation with the tools shown, where its templates do not
     /// show them (`tools` as the template's `tools` variable takes them).
     fn shown_tools(&self, _messages: &[Message], _tools: &Value) -> Option<Vec<Message>> {
+        None
+    }
+
+    /// The tags its templates write around reasoning, where its models
+    /// think (used where the template shows them).
+    fn reasoning(&self) -> Option<Tags> {
         None
     }
 
@@ -451,6 +458,11 @@ mod tests {
             Format::of("{% for t in tools %}{{ t | tojson }}{% endfor %}"),
             Format::Generic
         );
+        // A family's own reasoning tags, where its models think.
+        let tags = |f: Format| f.family().reasoning().map(|t| t.open);
+        assert_eq!(tags(Format::Mistral), Some("[THINK]"));
+        assert_eq!(tags(Format::Glm), Some("<think>"));
+        assert_eq!(tags(Format::Generic), None);
         // Each family has one row, and the one that takes any template is last.
         let formats: Vec<Format> = FAMILIES.iter().map(|(f, _)| *f).collect();
         assert_eq!(formats.last(), Some(&Format::Generic));
