@@ -628,6 +628,14 @@ pub(crate) mod tests {
         let glm = "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n\
                    <arg_key>unit</arg_key>\n<arg_value>c</arg_value>\n</tool_call>";
         assert_eq!(takes(&c(Format::Glm), glm), (true, true));
+        // A value holds no close tag (the reader ends it at the first one).
+        assert!(
+            !takes(
+                &c(Format::Glm),
+                "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value><"
+            )
+            .0
+        );
         assert!(!takes(&c(Format::Glm), "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>P</arg_value>\n<arg_key>unit</arg_key>\n<arg_value>k").0);
         let minimax = "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Paris</parameter>\n</invoke>\n\
                        <invoke name=\"get_weather\">\n<parameter name=\"city\">Rome</parameter>\n</invoke>\n</minimax:tool_call>";

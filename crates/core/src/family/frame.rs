@@ -187,9 +187,10 @@ fn value_rule(g: &Grammar, id: &str, property: &Value, close: &str, defs: &mut S
 
 /// A string value and its close as one lexeme (a lexeme of text alone
 /// would be read as far as it could go, past where the close begins): an
-/// anchored pattern's text, or text up to the first close, of the
-/// schema's lengths.
+/// anchored pattern's text, or text of the schema's lengths that holds no
+/// close tag, as the reader ends a value at the first one.
 fn string_value(id: &str, property: &Value, close: &str, defs: &mut String) -> String {
+    let tag = super::escape(close.split_whitespace().next().unwrap_or(close));
     let close = super::escape(close);
     let pattern = property
         .get("pattern")
@@ -207,7 +208,9 @@ fn string_value(id: &str, property: &Value, close: &str, defs: &mut String) -> S
     };
     defs.push_str(&match pattern {
         Some(p) => format!("VALUE_{id}: /(?:{p}){close}/\n"),
-        None => format!("VALUE_{id}: /{text}{close}/ & ~/[\\s\\S]*{close}[\\s\\S]+/\n"),
+        None => {
+            format!("VALUE_{id}: /{text}{close}/ & ~/[\\s\\S]*{tag}[\\s\\S]*{tag}[\\s\\S]*/\n")
+        }
     });
     format!("VALUE_{id}")
 }
@@ -494,7 +497,7 @@ mod tests {
         );
         assert!(
             g.contains(
-                r"VALUE_0_0: /[\s\S]*\n<\/parameter>\n/ & ~/[\s\S]*\n<\/parameter>\n[\s\S]+/"
+                r"VALUE_0_0: /[\s\S]*\n<\/parameter>\n/ & ~/[\s\S]*<\/parameter>[\s\S]*<\/parameter>[\s\S]*/"
             ),
             "{g}"
         );
