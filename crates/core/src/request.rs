@@ -714,16 +714,18 @@ impl Request {
         let rendered = match &chat.tools {
             None => crate::sandbox::render(&job)?,
             Some(tools) => {
-                // A family whose templates do not show tools shows them itself.
-                let shown = family.shown_tools(messages, &tools.given);
-                let shown = job_of(shown.as_deref().unwrap_or(messages));
-                let with = crate::sandbox::render(&shown.with_tools(Some(tools.given.clone())))?;
-                // A template that never reads `tools` would drop them unsaid.
+                let given = Some(tools.given.clone());
+                let mut with = crate::sandbox::render(&job.clone().with_tools(given.clone()))?;
                 if crate::sandbox::render(&job)?.prompt == with.prompt {
-                    return Err(CmplError::invalid(
-                        TOOLS.name,
-                        "the chat template ignores `tools` (it renders the same prompt without them), so the model would never see them: give a template that shows them with --chat-template (or `chat_template`)",
-                    ));
+                    // A template that never reads `tools` would drop them
+                    // unsaid, but where its family shows them itself.
+                    let Some(shown) = family.shown_tools(messages, &tools.given) else {
+                        return Err(CmplError::invalid(
+                            TOOLS.name,
+                            "the chat template ignores `tools` (it renders the same prompt without them), so the model would never see them: give a template that shows them with --chat-template (or `chat_template`)",
+                        ));
+                    };
+                    with = crate::sandbox::render(&job_of(&shown).with_tools(given))?;
                 }
                 if tools.choice != Choice::None {
                     let mut tools = tools.clone();

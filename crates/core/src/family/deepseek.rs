@@ -1,7 +1,8 @@
 //! DeepSeek V3.1: an answer's calls in one section of its special tokens,
 //! each `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>` and its arguments as one
 //! JSON object. Its template shows no tools: they go in the system
-//! message, as DeepSeek's own prompt for V3.1 describes them.
+//! message, as DeepSeek's own prompt for V3.1 describes them (a template
+//! of the family that shows them keeps its own).
 
 use super::{Args, Family, Frame};
 use crate::reasoning::{self, Tags};
