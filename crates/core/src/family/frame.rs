@@ -61,23 +61,20 @@ impl Frame {
     /// name a literal and each argument held to its schema.
     pub fn rules(&self, g: &Grammar) -> Rules {
         let (lead, after_lead) = self.lead();
+        // A call's opening after the lead, where the lead is the section's.
+        let open = g.seq(self.section.map_or(after_lead, |_| self.open));
+        let index = match self.indexed {
+            true => " \":\" /[0-9]+/",
+            false => "",
+        };
+        let (named, close) = (g.seq(self.named), g.seq(self.close));
         let mut defs = String::new();
         let mut alternatives = Vec::new();
         for (i, tool) in g.tools.callable().iter().enumerate() {
             let name = serde_json::to_string(&tool.name).unwrap_or_default();
-            let index = match self.indexed {
-                true => " \":\" /[0-9]+/",
-                false => "",
-            };
             let args = self.args_rule(g, i, &(g.schema)(&tool.parameters), &mut defs);
-            let open = match self.section {
-                Some(_) => g.seq(self.open),
-                None => g.seq(&self.open[self.lead().0.len()..]),
-            };
             defs.push_str(&format!(
-                "tail_{i}: {open} {name}{index} {} {args} {}\n",
-                g.seq(self.named),
-                g.seq(self.close)
+                "tail_{i}: {open} {name}{index} {named} {args} {close}\n"
             ));
             alternatives.push(format!("tail_{i}"));
         }
@@ -112,13 +109,7 @@ impl Frame {
     fn args_rule(&self, g: &Grammar, i: usize, schema: &Value, defs: &mut String) -> String {
         let Args::Tagged { key, close } = &self.args else {
             let mut schema = schema.clone();
-            if let Value::Object(o) = &mut schema {
-                o.insert(
-                    "x-guidance".into(),
-                    serde_json::json!({"whitespace_flexible": false,
-                        "item_separator": ", ", "key_separator": ": "}),
-                );
-            }
+            super::one_line(&mut schema);
             defs.push_str(&format!("args_{i}: %json {schema}\n"));
             return format!("args_{i}");
         };
@@ -245,10 +236,7 @@ impl Frame {
             }
             read.mine = true;
         }
-        loop {
-            if !c.eat(self.open) {
-                break;
-            }
+        while c.eat(self.open) {
             let Some(call) = self.call(&mut c, tools, &mut read.mine) else {
                 return read;
             };
@@ -291,12 +279,7 @@ impl Frame {
             }
             Args::Tagged { key, close } => {
                 let mut map = Map::new();
-                loop {
-                    let from = c.at;
-                    if !c.eat(key.0) {
-                        c.at = from;
-                        break;
-                    }
+                while c.eat(key.0) {
                     let name = c.until(key.1)?.trim().to_string();
                     c.eat(key.1);
                     let raw = c.until(close)?;

@@ -324,9 +324,7 @@ pub fn lark(
         [one] => one.clone(),
         _ => json!({"oneOf": bodies}),
     };
-    // One line, `, ` and `: ` between items, as templates show calls.
-    body["x-guidance"] =
-        json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "});
+    one_line(&mut body);
     let g = Grammar {
         tools,
         special,
@@ -368,6 +366,17 @@ pub fn lark(
         defs = rules.defs,
         holds = holds_opening(),
     )
+}
+
+/// `schema`'s JSON written on one line, `, ` and `: ` between items, as
+/// templates show calls.
+fn one_line(schema: &mut Value) {
+    if let Value::Object(o) = schema {
+        o.insert(
+            "x-guidance".into(),
+            json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
+        );
+    }
 }
 
 /// A regex for text that holds a call opening ([`openings`]).
