@@ -199,6 +199,11 @@ fn each_familys_template_renders_the_tools_and_its_calls_parse() {
             "deepseek-ai-DeepSeek-V3.1.jinja",
             "get_weather<｜tool▁sep｜>{",
         ),
+        // gpt-oss: a call is a message of its own, on the commentary channel.
+        (
+            "openai-gpt-oss-120b.jinja",
+            "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{",
+        ),
     ];
     for (name, key) in families {
         let t = common::run::real_template(name);
@@ -425,5 +430,73 @@ fn a_framed_familys_calls_read_the_same_whole_and_streamed() {
             finish,
             "{body}"
         );
+    }
+}
+
+#[test]
+fn gpt_oss_calls_and_words_keep_to_their_channels_whole_and_streamed() {
+    // gpt-oss's harmony: the thought on the analysis channel, then a call
+    // on the commentary channel or words on the final one, whose header
+    // and end of message are not the content's.
+    let model = tool_model_path().display().to_string();
+    let t = common::run::real_template("openai-gpt-oss-120b.jinja");
+    let served = Served::start(&["-m", &model, "--chat-template", &t], &[]);
+    // The tool model writes the commentary channel wherever it may; with
+    // "comment" (its token 6182) biased away it takes the final one.
+    let cases = [
+        (
+            json!({"tool_choice": "required"}),
+            "tool_calls",
+            r#"{"city":"Paris","unit":"celsius"}"#,
+        ),
+        (
+            json!({"tool_choice": "auto", "logit_bias": {"6182": -100}}),
+            "stop",
+            "The weather in Paris is currently",
+        ),
+    ];
+    for (extra, finish, said) in cases {
+        let mut request = json!({"messages": [{"role": "user",
+            "content": "What is the weather in Paris?"}], "tools": weather(),
+            "temperature": 0, "max_tokens": 60, "reasoning_budget": 6});
+        for (k, v) in extra.as_object().unwrap() {
+            request[k] = v.clone();
+        }
+        let (status, body) =
+            served.send("POST", "/v1/chat/completions", &request.to_string(), None);
+        assert_eq!(status, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        let choice = &v["choices"][0];
+        assert_eq!(choice["finish_reason"], finish, "{v}");
+        let message = &choice["message"];
+        let reasoning = message["reasoning_content"].as_str().unwrap();
+        assert_eq!(reasoning, "The weather in Paris is currently", "{v}");
+        let call = &message["tool_calls"][0]["function"];
+        let answer = match finish {
+            "tool_calls" => call["arguments"].as_str().unwrap(),
+            _ => message["content"].as_str().unwrap(),
+        };
+        assert_eq!(answer, said, "{v}");
+        // Streamed, the same reasoning, call and words.
+        request["stream"] = json!(true);
+        let (status, body) =
+            served.send("POST", "/v1/chat/completions", &request.to_string(), None);
+        assert_eq!(status, 200, "{body}");
+        let deltas: Vec<Value> = events(&body)
+            .into_iter()
+            .map(|c| c["choices"][0]["delta"].clone())
+            .collect();
+        let joined =
+            |key: &str| -> String { deltas.iter().filter_map(|d| d[key].as_str()).collect() };
+        assert_eq!(joined("reasoning_content"), reasoning, "{body}");
+        let arguments: String = deltas
+            .iter()
+            .filter_map(|d| d["tool_calls"][0]["function"]["arguments"].as_str())
+            .collect();
+        let streamed = match finish {
+            "tool_calls" => arguments,
+            _ => joined("content"),
+        };
+        assert_eq!(streamed, answer, "{body}");
     }
 }

@@ -20,6 +20,10 @@ pub struct Tags {
     pub close: &'static str,
     /// What the family writes after the opening (`<think>`'s newline).
     pub after_open: &'static str,
+    /// What opens an answer of words after the close, where the close
+    /// leaves the answer's kind to the answer (gpt-oss's final channel,
+    /// beside its calls' commentary one): dropped from the answer's text.
+    pub header: &'static str,
 }
 
 /// `<think>` and `</think>` (Qwen3, DeepSeek-R1, SmolLM3, GLM, MiniMax, Kimi).
@@ -27,6 +31,7 @@ pub const ANGLE: Tags = Tags {
     open: "<think>",
     close: "</think>",
     after_open: "\n",
+    header: "",
 };
 
 /// `[THINK]` and `[/THINK]` (Mistral's Magistral).
@@ -34,6 +39,7 @@ pub const SQUARE: Tags = Tags {
     open: "[THINK]",
     close: "[/THINK]",
     after_open: "",
+    header: "",
 };
 
 /// gpt-oss's analysis channel, which its final channel closes.
@@ -41,7 +47,28 @@ pub const CHANNEL: Tags = Tags {
     open: "<|channel|>analysis<|message|>",
     close: "<|end|><|start|>assistant<|channel|>final<|message|>",
     after_open: "",
+    header: "",
 };
+
+/// gpt-oss's analysis channel where calls may come: its close opens the
+/// next message and leaves its channel to the answer, the final one for
+/// words (its header dropped) or the commentary one for a call.
+pub const CHANNEL_CALLS: Tags = Tags {
+    open: "<|channel|>analysis<|message|>",
+    close: "<|end|><|start|>assistant",
+    after_open: "",
+    header: "<|channel|>final<|message|>",
+};
+
+impl Tags {
+    /// These tags where the answer may be calls.
+    pub fn calling(self) -> Tags {
+        match self == CHANNEL {
+            true => CHANNEL_CALLS,
+            false => self,
+        }
+    }
+}
 
 /// Every family's tags, tried in this order where a template's tool-call
 /// family (`family::Family::reasoning`) names none it shows.
@@ -65,15 +92,29 @@ pub fn tags_of(template: &str) -> Option<Tags> {
 /// how many thinking tokens it may take.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Reasoning {
+    /// Empty where the prompt closed the thought already and the answer
+    /// only drops its `header`.
     pub close: String,
     pub budget: Option<u32>,
+    #[serde(default)]
+    pub header: String,
 }
 
 impl Reasoning {
     /// The text a spent budget writes: the close on a line of its own and
-    /// the blank line the families put before their answers.
+    /// the blank line the families put before their answers; exactly the
+    /// close where the answer writes its own header after it.
     pub fn forced_close(&self) -> String {
-        format!("\n{}\n\n", self.close)
+        match self.header.is_empty() {
+            true => format!("\n{}\n\n", self.close),
+            false => self.close.clone(),
+        }
+    }
+
+    /// Whether the answer starts with reasoning (else its thought was
+    /// closed in the prompt).
+    pub fn thinks(&self) -> bool {
+        !self.close.is_empty()
     }
 }
 
@@ -107,13 +148,24 @@ pub fn begin(
         (Some(_), None) => true,
         _ => false,
     };
-    let closed = !opened && end.ends_with(tags.close);
+    let closed = !opened && end.ends_with(&format!("{}{}", tags.close, tags.header));
     if think == Some(false) {
         if budget.is_some() {
             return Err(CmplError::invalid(
                 REASONING_BUDGET.name,
                 "`reasoning_budget` bounds thinking, and `think` is false: leave out one of them",
             ));
+        }
+        if !tags.header.is_empty() && !closed {
+            // Closed with no blank space (the next message's header comes
+            // next), the answer left to drop its words' header.
+            let open = if opened { "" } else { tags.open };
+            let answer = Reasoning {
+                close: String::new(),
+                budget: None,
+                header: tags.header.to_string(),
+            };
+            return Ok((format!("{open}{}", tags.close), Some(answer)));
         }
         let added = match (opened, closed) {
             (_, true) => String::new(),
@@ -139,6 +191,7 @@ pub fn begin(
     let reasoning = Reasoning {
         close: tags.close.to_string(),
         budget,
+        header: tags.header.to_string(),
     };
     Ok((added, Some(reasoning)))
 }
@@ -151,6 +204,10 @@ pub fn begin(
 #[derive(Debug, Clone)]
 pub struct Thought {
     close: Vec<u8>,
+    /// What the answer drops where it opens with it ([`Tags::header`]),
+    /// and what of it came so far while that is not yet known.
+    header: Vec<u8>,
+    heading: Vec<u8>,
     budget: Option<u32>,
     /// Bytes not yet released: what may be the close's start, blank space
     /// that may end the reasoning, a character cut between tokens.
@@ -170,20 +227,30 @@ pub struct Thought {
 pub struct Split {
     pub reasoning: String,
     pub answer: Vec<u8>,
+    /// Where the close came: what the token held after it, its leading
+    /// blank space dropped (the answer's constraint starts with it).
+    pub tail: Vec<u8>,
 }
 
 impl Thought {
     pub fn new(reasoning: &Reasoning) -> Thought {
         Thought {
             close: reasoning.close.as_bytes().to_vec(),
+            header: reasoning.header.as_bytes().to_vec(),
+            heading: Vec::new(),
             budget: reasoning.budget,
             held: Vec::new(),
             started: false,
-            closed: false,
+            closed: !reasoning.thinks(),
             answering: false,
             spent: 0,
             told: false,
         }
+    }
+
+    /// Whether the choice reasons at all (else the prompt closed it).
+    pub fn thinks(&self) -> bool {
+        !self.close.is_empty()
     }
 
     /// The reasoning has closed: what comes now is the answer.
@@ -201,8 +268,8 @@ impl Thought {
     pub fn push(&mut self, piece: &[u8]) -> Split {
         if self.closed {
             return Split {
-                reasoning: String::new(),
                 answer: self.answer(piece),
+                ..Split::default()
             };
         }
         self.spent += 1;
@@ -212,9 +279,11 @@ impl Thought {
             self.held.truncate(at);
             let reasoning = self.release(self.held.len(), true);
             self.closed = true;
+            let blank = rest.iter().take_while(|b| b.is_ascii_whitespace()).count();
             return Split {
                 reasoning,
                 answer: self.answer(&rest),
+                tail: rest[blank..].to_vec(),
             };
         }
         // Keep back what may start the close, then blank space, then a
@@ -226,7 +295,7 @@ impl Thought {
         keep = whole_chars(&self.held[..keep]);
         Split {
             reasoning: self.release(keep, false),
-            answer: Vec::new(),
+            ..Split::default()
         }
     }
 
@@ -263,15 +332,32 @@ impl Thought {
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
-    /// Answer text after the close, its leading blank space dropped.
+    /// Answer text after the close, its leading blank space (and header)
+    /// dropped.
     pub fn answer(&mut self, bytes: &[u8]) -> Vec<u8> {
-        let mut bytes = bytes;
+        let mut bytes = bytes.to_vec();
+        if !self.answering && !self.header.is_empty() {
+            // Held while it may be the header: dropped if it is.
+            self.heading.append(&mut bytes);
+            let blank = self.heading.iter().take_while(|b| b.is_ascii_whitespace());
+            let start = blank.count();
+            let seen = &self.heading[start..];
+            if self.header.starts_with(seen) {
+                return Vec::new();
+            }
+            bytes = match seen.strip_prefix(&self.header[..]) {
+                Some(rest) => rest.to_vec(),
+                None => seen.to_vec(),
+            };
+            self.heading.clear();
+            self.header.clear();
+        }
         if !self.answering {
             let blank = bytes.iter().take_while(|b| b.is_ascii_whitespace()).count();
-            bytes = &bytes[blank..];
+            bytes.drain(..blank);
             self.answering = !bytes.is_empty();
         }
-        bytes.to_vec()
+        bytes
     }
 }
 
@@ -307,6 +393,7 @@ mod tests {
         Thought::new(&Reasoning {
             close: "</think>".into(),
             budget,
+            header: String::new(),
         })
     }
 
@@ -406,5 +493,55 @@ mod tests {
         assert_eq!(tags_of("{{ '<think>' }}{{ '</think>' }}"), Some(TAGS[0]));
         assert_eq!(tags_of("[THINK]{{ x }}[/THINK]"), Some(TAGS[1]));
         assert_eq!(tags_of("<|im_start|>"), None);
+    }
+
+    #[test]
+    fn a_close_that_leaves_the_channel_to_the_answer_drops_the_words_header() {
+        let prompt = "<|start|>user<|message|>Hi<|end|><|start|>assistant";
+        let (added, r) = begin(Some(CHANNEL_CALLS), prompt, None, None).unwrap();
+        assert_eq!(added, CHANNEL_CALLS.open);
+        let r = r.unwrap();
+        assert_eq!(r.forced_close(), "<|end|><|start|>assistant");
+        let split = |pieces: &[&str], r: &Reasoning| {
+            let mut t = Thought::new(r);
+            let (mut reasoning, mut answer, mut tail) = (String::new(), Vec::new(), Vec::new());
+            for p in pieces {
+                let s = t.push(p.as_bytes());
+                reasoning.push_str(&s.reasoning);
+                answer.extend(s.answer);
+                tail.extend(s.tail);
+            }
+            let text = |b: Vec<u8>| String::from_utf8(b).unwrap();
+            (reasoning, text(answer), text(tail))
+        };
+        // Words: the final channel's header dropped, and given whole to
+        // the answer's constraint where it came with the close.
+        let words = [
+            "Hm.<|end|><|start|>assistant<|channel|>fi",
+            "nal<|message|>",
+            "Hi!",
+        ];
+        let (reasoning, answer, tail) = split(&words, &r);
+        assert_eq!((reasoning.as_str(), answer.as_str()), ("Hm.", "Hi!"));
+        assert_eq!(tail, "<|channel|>fi");
+        // A call: the commentary channel's header kept, for the reader.
+        let call = [
+            "Hm.<|end|><|start|>assistant",
+            "<|channel|>commentary to=functions.f",
+        ];
+        let (_, answer, _) = split(&call, &r);
+        assert_eq!(answer, "<|channel|>commentary to=functions.f");
+        // Not thinking: closed in the prompt, the header still dropped.
+        let (added, r) = begin(Some(CHANNEL_CALLS), prompt, Some(false), None).unwrap();
+        assert_eq!(
+            added,
+            "<|channel|>analysis<|message|><|end|><|start|>assistant"
+        );
+        let r = r.unwrap();
+        assert!(!r.thinks());
+        assert_eq!(split(&["<|channel|>final<|message|>Hi"], &r).1, "Hi");
+        // Without calls, the final channel closes the thought whole.
+        assert_eq!(CHANNEL.calling(), CHANNEL_CALLS);
+        assert_eq!(ANGLE.calling(), ANGLE);
     }
 }

@@ -735,17 +735,20 @@ impl Request {
                 with
             }
         };
-        if let Some(end) = rendered.end_of_turn {
+        let ends = rendered.end_of_turn.into_iter();
+        for end in ends.chain(family.stops().iter().map(|s| s.to_string())) {
             if !self.stop.contains(&end) {
                 self.stop.push(end);
             }
         }
         let (think, budget) = (chat.think, chat.reasoning_budget);
         // The family's own tags where its template shows them, else any.
+        let calls = matches!(self.constraint, Some(Constraint::Tools { .. }));
         let tags = family
             .reasoning()
             .filter(|t| reasoning::shows(t, source))
-            .or_else(|| reasoning::tags_of(source));
+            .or_else(|| reasoning::tags_of(source))
+            .map(|t| if calls { t.calling() } else { t });
         let (opened, reasoning) = reasoning::begin(tags, &rendered.prompt, think, budget)?;
         self.prompt = rendered.prompt + &opened;
         self.reasoning = reasoning;

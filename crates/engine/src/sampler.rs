@@ -29,6 +29,8 @@ pub struct SamplerChain {
     forced: VecDeque<LlamaToken>,
     /// The logits with the refused tokens at -inf.
     masked: Vec<f32>,
+    /// The constraint refused what the answer began with.
+    failed: Option<cmpl_core::error::CmplError>,
 }
 
 enum Draw {
@@ -62,12 +64,19 @@ impl SamplerChain {
             deferred,
             forced: VecDeque::new(),
             masked: Vec::new(),
+            failed: None,
         }
     }
 
-    /// The reasoning closed: the constraint applies from here.
-    pub fn answer_begins(&mut self) {
-        if let Some(guide) = self.deferred.take() {
+    /// The reasoning closed: the constraint applies from here, having
+    /// read `tail` (what the close's token held after it). A tail it
+    /// refuses fails the next draw: the answer is never unconstrained.
+    pub fn answer_begins(&mut self, tail: &[LlamaToken]) {
+        if let Some(mut guide) = self.deferred.take() {
+            self.failed = tail
+                .iter()
+                .try_for_each(|t| guide.consume(t.0 as u32))
+                .err();
             self.guide = Some(guide);
         }
     }
@@ -87,6 +96,9 @@ impl SamplerChain {
     /// Draws from output `idx` of the last decode and records the token.
     /// An error only where the constraint fails mid-answer.
     pub fn sample(&mut self, ctx: &LlamaContext, idx: i32) -> Result<LlamaToken> {
+        if let Some(error) = self.failed.take() {
+            return Err(error);
+        }
         if let Some(token) = self.forced.pop_front() {
             if let Some(adjust) = &mut self.adjust {
                 adjust.accept(token);

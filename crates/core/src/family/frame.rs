@@ -427,6 +427,10 @@ mod tests {
         let r = read(Format::DeepSeek, deepseek);
         assert!(r.whole);
         assert_eq!(r.calls.len(), 2);
+        let harmony = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"days\": 2}";
+        let r = read(Format::Harmony, harmony);
+        assert!(r.whole);
+        assert_eq!(r.calls[0].arguments, r#"{"days":2}"#);
         // Another family's calls, and words, are not this frame's.
         let hermes = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>";
         assert!(!read(Format::Glm, hermes).mine);
@@ -491,5 +495,37 @@ mod tests {
             "{kimi}"
         );
         assert!(kimi.contains("after_words: LEAD_A"), "{kimi}");
+    }
+
+    #[test]
+    fn harmonys_words_go_on_the_final_channel_and_its_call_ends_the_turn() {
+        // Its channels' markers are special tokens of gpt-oss's vocabulary.
+        let special = |t: &str| match t {
+            "<|channel|>" => Some(200005),
+            "<|constrain|>" => Some(200003),
+            "<|message|>" => Some(200008),
+            _ => None,
+        };
+        let auto = lark(&tools("auto"), Format::Harmony, &special, Value::clone);
+        assert!(
+            auto.starts_with("start: <[200005]> \"final\" <[200008]> TEXT | calls\n"),
+            "{auto}"
+        );
+        assert!(
+            auto.contains(r#"tail_0: "commentary to=functions." "get_weather" " " <[200003]> "json" <[200008]> args_0"#),
+            "{auto}"
+        );
+        assert!(!auto.contains("after_words"), "{auto}");
+        // One call a turn (as a request holds the family to it): the call
+        // is the answer.
+        let one = Tools {
+            parallel: false,
+            ..tools("required")
+        };
+        let required = lark(&one, Format::Harmony, &special, Value::clone);
+        assert!(
+            required.starts_with("start: calls\ncalls: call\ncall: <[200005]> tail\n"),
+            "{required}"
+        );
     }
 }

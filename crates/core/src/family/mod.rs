@@ -12,6 +12,7 @@ mod deepseek;
 mod frame;
 mod generic;
 mod glm;
+mod harmony;
 mod hermes;
 mod kimi;
 mod llama3;
@@ -40,6 +41,7 @@ pub enum Format {
     MiniMax,
     Kimi,
     DeepSeek,
+    Harmony,
     Hermes,
     Llama3,
     Mistral,
@@ -47,12 +49,13 @@ pub enum Format {
 }
 
 /// Every family, in the order their templates are tried.
-pub const FAMILIES: [(Format, &dyn Family); 9] = [
+pub const FAMILIES: [(Format, &dyn Family); 10] = [
     (Format::Qwen3Coder, &qwen3_coder::Qwen3Coder),
     (Format::Glm, &glm::Glm),
     (Format::MiniMax, &minimax::MiniMax),
     (Format::Kimi, &kimi::Kimi),
     (Format::DeepSeek, &deepseek::DeepSeek),
+    (Format::Harmony, &harmony::Harmony),
     (Format::Hermes, &hermes::Hermes),
     (Format::Mistral, &mistral::Mistral),
     (Format::Llama3, &llama3::Llama3),
@@ -119,6 +122,19 @@ pub trait Family: Sync {
     /// How its calls are framed, where they are not one JSON object each
     /// (the name outside the arguments, or the arguments tagged).
     fn frame(&self) -> Option<&'static Frame> {
+        None
+    }
+
+    /// What ends an answer besides its template's end of turn, where the
+    /// model writes it as text (gpt-oss's end of a message).
+    fn stops(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// What opens an answer of words, where its messages name their
+    /// channel (gpt-oss's final one): under `auto` the answer is then
+    /// words after it or calls, never words and then calls.
+    fn words_header(&self) -> Option<&'static str> {
         None
     }
 
@@ -331,8 +347,9 @@ pub fn lark(
         schema: &schema,
     };
     let rules = family.rules(&g);
-    let (start, lead) = match tools.choice {
-        Choice::Auto => {
+    let (start, lead) = match (&tools.choice, family.words_header()) {
+        (Choice::Auto, Some(header)) => (format!("{} TEXT | calls", g.seq(header)), String::new()),
+        (Choice::Auto, None) => {
             // An opening that is a special token is written by its id
             // after the words; one in text is a lexeme of its own, so
             // that the words before it cannot end inside it.
@@ -347,11 +364,11 @@ pub fn lark(
                 }
             }
             (
-                "TEXT | calls | after_words",
+                "TEXT | calls | after_words".to_string(),
                 format!("after_words: {}\n{leads}", after.join(" | ")),
             )
         }
-        _ => ("calls", String::new()),
+        _ => ("calls".to_string(), String::new()),
     };
     format!(
         "start: {start}\n\
@@ -442,7 +459,7 @@ mod tests {
         assert!(llama.contains("\"parameters\""), "{llama}");
         // Words never hold an opening of any family.
         assert!(
-            hermes.ends_with("& ~/[\\s\\S]*(```json|<tool_call>|<minimax:tool_call>|<\\|tool_calls_section_begin\\|>|<｜tool▁calls▁begin｜>|\\[TOOL_CALLS\\])[\\s\\S]*/\n"),
+            hermes.ends_with("& ~/[\\s\\S]*(```json|<tool_call>|<minimax:tool_call>|<\\|tool_calls_section_begin\\|>|<｜tool▁calls▁begin｜>|<\\|channel\\|>|\\[TOOL_CALLS\\])[\\s\\S]*/\n"),
             "{hermes}"
         );
     }
@@ -463,6 +480,9 @@ mod tests {
         let deepseek = "<｜tool▁call▁begin｜>' + name + '<｜tool▁sep｜>";
         assert_eq!(Format::of(deepseek), Format::DeepSeek);
         assert_eq!(Format::of("<|python_tag|>"), Format::Llama3);
+        let gpt_oss =
+            "<|start|>assistant to=functions.f<|channel|>commentary json<|message|>{}<|call|>";
+        assert_eq!(Format::of(gpt_oss), Format::Harmony);
         assert_eq!(
             Format::of("{% for t in tools %}{{ t | tojson }}{% endfor %}"),
             Format::Generic
@@ -486,6 +506,7 @@ mod tests {
                 "<minimax:tool_call>",
                 "<|tool_calls_section_begin|>",
                 "<｜tool▁calls▁begin｜>",
+                "<|channel|>",
                 "[TOOL_CALLS]"
             ]
         );

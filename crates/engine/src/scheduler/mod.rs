@@ -52,6 +52,9 @@ struct ChoiceState {
     thought: Option<Thought>,
     close: Vec<LlamaToken>,
     reasoning: String,
+    /// The answer's special tokens written out: a framed family's calls
+    /// and a channel's header are read from them.
+    specials: bool,
 }
 
 struct JobState {

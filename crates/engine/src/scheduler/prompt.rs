@@ -7,8 +7,9 @@ use crate::lookup::Drafter;
 use crate::prefix::Source;
 use crate::{guide, sampler, Job};
 use cmpl_core::backend::{Event, Sink, TokenInfo};
+use cmpl_core::constraint::Constraint;
 use cmpl_core::error::{CmplError, Result};
-use cmpl_core::reasoning::Thought;
+use cmpl_core::reasoning::{Reasoning, Thought};
 use cmpl_core::stop::StopMatcher;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
@@ -566,6 +567,8 @@ impl Run<'_> {
         let drafter =
             (lookup > 0).then(|| Drafter::with_history(&history, &ids, lookup, temperature));
         let reasoning = job.request.reasoning.as_ref();
+        let specials = reasoning.is_some_and(|r| !r.header.is_empty())
+            || matches!(&job.request.constraint, Some(Constraint::Tools { format, .. }) if format.family().frame().is_some());
         let close = reasoning.map_or_else(Vec::new, |r| {
             let vocab = self.engine.model.vocab();
             vocab.tokenize(r.forced_close().as_bytes(), false, true)
@@ -577,7 +580,7 @@ impl Run<'_> {
                 &job.request.sampling,
                 job.seeds[i],
                 guide,
-                reasoning.is_some(),
+                reasoning.is_some_and(Reasoning::thinks),
             );
             sampler.accept_many(&job.tokens);
             let mut thought = reasoning.map(Thought::new);
@@ -602,6 +605,7 @@ impl Run<'_> {
                 thought,
                 close: close.clone(),
                 reasoning: String::new(),
+                specials,
             });
         }
         let started = sink(Event::Started {

@@ -7,6 +7,7 @@ use crate::logprobs::{log_sum_exp, top_k};
 use crate::lookup;
 use cmpl_core::backend::{ChoiceResult, Counts, Event, Finish, JobResult, Sink, TokenInfo};
 use cmpl_core::error::{CmplError, Result};
+use cmpl_core::reasoning::Thought;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
@@ -344,16 +345,19 @@ impl Run<'_> {
                 let split = thought.push(&vocab.token_to_piece(token, true, None));
                 reasoning = split.reasoning;
                 if thought.closed() {
-                    c.sampler.answer_begins();
+                    // What the token held past the close is the answer's.
+                    let tail = String::from_utf8_lossy(&split.tail);
+                    c.sampler
+                        .answer_begins(&vocab.tokenize(tail.as_bytes(), false, true));
                 } else if thought.due() {
                     c.sampler.force(&c.close);
                 }
                 split.answer
             }
             // The answer after a thought, its leading blank space dropped.
-            Some(thought) if !eog => thought.answer(&vocab.token_to_piece(token, false, None)),
+            Some(thought) if !eog => thought.answer(&vocab.token_to_piece(token, c.specials, None)),
             _ if eog => Vec::new(),
-            _ => vocab.token_to_piece(token, false, None),
+            _ => vocab.token_to_piece(token, c.specials, None),
         };
         let (text, finish) = if eog {
             (c.matcher.finish(), Some(end))
@@ -433,7 +437,8 @@ impl Run<'_> {
             tokens: logprobs.map(|_| std::mem::take(&mut c.tokens)),
             reasoning: c
                 .thought
-                .is_some()
+                .as_ref()
+                .is_some_and(Thought::thinks)
                 .then(|| std::mem::take(&mut c.reasoning)),
             stop: c.matcher.matched().map(str::to_string),
         });
