@@ -3,7 +3,7 @@ fn main() {
     // cmpl as its own chat templates' renderer: a child process bounded in
     // memory and time (cmpl_core::sandbox).
     if args.get(1).is_some_and(|a| a == cmpl::sandbox::CHILD_ARG) {
-        std::process::exit(cmpl::sandbox::child());
+        std::process::exit(cmpl::sandbox::child(args.get(2).map(|a| a.as_os_str())));
     }
     if let Ok(me) = std::env::current_exe() {
         cmpl::sandbox::enable(me);

@@ -70,20 +70,18 @@ fn render_in_child(program: &PathBuf, job: &Job) -> Result<Rendered> {
     let input = serde_json::to_vec(job)
         .map_err(|e| CmplError::internal(format!("cannot write a template's job: {e}")))?;
     let memory = memory_bound(input.len(), job.limit);
+    // The child bounds itself before it reads its job: a command with no
+    // work between fork and exec is spawned without copying this process's
+    // page tables (posix_spawn), which a server holding a model and its
+    // caches pays tens of milliseconds for.
     let mut command = Command::new(program);
     command
         .arg(CHILD_ARG)
+        .arg(memory.to_string())
         .env_clear()
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    #[cfg(unix)]
-    {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: between fork and exec only async-signal-safe system calls
-        // (setrlimit, nice) run; nothing allocates.
-        unsafe { command.pre_exec(move || limits(memory)) };
-    }
     let mut child = command.spawn().map_err(|e| {
         CmplError::internal(format!(
             "cannot start {} to render the chat template: {e}",
@@ -199,10 +197,15 @@ fn limits(memory: usize) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The child: reads one job on stdin, renders it here (its heap and time
-/// bounded by the kernel) and writes the reply on stdout. Returns the exit
-/// status.
-pub fn child() -> i32 {
+/// The child: bounds its heap to `memory` bytes and its time, reads one
+/// job on stdin, renders it here and writes the reply on stdout. Returns
+/// the exit status.
+pub fn child(memory: Option<&std::ffi::OsStr>) -> i32 {
+    let memory = memory.and_then(|m| m.to_str()?.parse::<usize>().ok());
+    #[cfg(unix)]
+    if memory.is_none_or(|m| limits(m).is_err()) {
+        return 1;
+    }
     let mut input = Vec::new();
     if std::io::stdin().read_to_end(&mut input).is_err() {
         return 1;
