@@ -82,6 +82,18 @@ impl PrefixIndex {
             })
     }
 
+    /// How many of `prompt`'s first tokens (up to `max`) `seq`'s kept
+    /// cells hold; none while it runs.
+    pub fn shared(&self, seq: i32, prompt: &[i32], max: usize) -> usize {
+        let h = &self.held[seq as usize];
+        match h.running {
+            true => 0,
+            false => {
+                common_prefix(&h.tokens, prompt).min(max).min(h.reusable) / self.align * self.align
+            }
+        }
+    }
+
     /// Whether the first `len` tokens of `seq` are in the cache (not
     /// waiting in the batch).
     pub fn decoded(&self, seq: i32, len: usize) -> bool {

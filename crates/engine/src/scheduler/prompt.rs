@@ -68,6 +68,11 @@ fn shares(lefts: &[usize], room: usize) -> Vec<usize> {
 /// they would alone.
 pub(crate) const MIN_REUSE: usize = 32;
 
+/// The fewest prompt tokens reused in place (a slot's own kept cells, no
+/// copy): a chat template's fixed head and system prompt, not just a BOS
+/// and a word, which a prompt then computes as it would alone.
+const MIN_IN_PLACE: usize = 16;
+
 /// With echo, every prompt token is reported; with logprobs too, each is
 /// scored by the logits of the position before it (so evaluated).
 fn scored(job: &Job) -> bool {
@@ -270,11 +275,31 @@ impl Run<'_> {
         sink: &mut Sink,
     ) -> Result<(Vec<i32>, usize)> {
         let prompt: Vec<i32> = job.tokens.iter().map(|t| t.0).collect();
-        // The last prompt token is always evaluated: its logits start the answer.
+        // The last prompt token is always evaluated: its logits start the
+        // answer. With a stream per slot, what the slot the job takes kept
+        // is reused in place at no cost, even where it shares too little
+        // to pay for a copy, unless another slot shares enough more to.
         let source = match (&self.prefix, reuse) {
-            (Some(prefix), Some(max)) => prefix
-                .best(&prompt, max.min(prompt.len() - 1))
-                .filter(|s| s.len >= MIN_REUSE),
+            (Some(prefix), Some(max)) => {
+                let max = max.min(prompt.len() - 1);
+                let copied = prefix.best(&prompt, max).filter(|s| s.len >= MIN_REUSE);
+                let own = self
+                    .free_seqs
+                    .first()
+                    .copied()
+                    .filter(|_| self.layout == Layout::PerSlot);
+                let own = own
+                    .map(|seq| Source {
+                        seq,
+                        len: prefix.shared(seq, &prompt, max),
+                    })
+                    .filter(|s| s.len >= MIN_IN_PLACE);
+                match (own, copied) {
+                    (Some(own), Some(copied)) if copied.len >= own.len + MIN_REUSE => Some(copied),
+                    (Some(own), _) => Some(own),
+                    (None, copied) => copied,
+                }
+            }
             _ => None,
         };
         let in_place = source.map(|s| s.seq).filter(|s| self.free_seqs.contains(s));
