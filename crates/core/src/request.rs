@@ -743,7 +743,10 @@ impl Request {
         }
         let (think, budget) = (chat.think, chat.reasoning_budget);
         // The family's own tags where its template shows them, else any.
-        let calls = matches!(self.constraint, Some(Constraint::Tools { .. }));
+        // Where calls may come and the family's answer names its channel,
+        // the thought's close leaves the channel to the answer.
+        let calls = matches!(self.constraint, Some(Constraint::Tools { .. }))
+            && family.words_header().is_some();
         let tags = family
             .reasoning()
             .filter(|t| reasoning::shows(t, source))

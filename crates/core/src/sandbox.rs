@@ -203,7 +203,8 @@ fn limits(memory: usize) -> std::io::Result<()> {
 pub fn child(memory: Option<&std::ffi::OsStr>) -> i32 {
     let memory = memory.and_then(|m| m.to_str()?.parse::<usize>().ok());
     #[cfg(unix)]
-    if memory.is_none_or(|m| limits(m).is_err()) {
+    if let Err(e) = memory.map_or(Err(std::io::ErrorKind::InvalidInput.into()), limits) {
+        eprintln!("cmpl's template renderer cannot bound itself: {e}");
         return 1;
     }
     let mut input = Vec::new();

@@ -4,7 +4,7 @@
 use super::step::fill_logprobs;
 use super::{cancelled, ChoiceState, JobState, Layout, Run, PROMPT_CHUNK, PROMPT_CHUNK_ALL_LOGITS};
 use crate::lookup::Drafter;
-use crate::prefix::Source;
+use crate::prefix::{PrefixIndex, Source};
 use crate::{guide, sampler, Job};
 use cmpl_core::backend::{Event, Sink, TokenInfo};
 use cmpl_core::constraint::Constraint;
@@ -317,7 +317,15 @@ impl Run<'_> {
             .ok_or_else(|| CmplError::internal("no free sequence for an admitted job"))?;
             self.free_seqs.remove(&seq);
             if Some(seq) == in_place {
-                // Its kept cells are now the job's, charged with the job.
+                // Its kept cells are now the job's, charged with the job;
+                // what they hold past the part reused (another
+                // conversation's turns) is kept elsewhere, as where the
+                // slot is taken outright.
+                let past =
+                    |p: &PrefixIndex| source.is_some_and(|s| p.len(seq) >= s.len + MIN_REUSE);
+                if self.prefix.as_ref().is_some_and(past) {
+                    self.keep_elsewhere(seq, Some(seq), ctx)?;
+                }
                 self.uncharge(seq);
             } else {
                 self.keep_elsewhere(seq, source.map(|s| s.seq), ctx)?;

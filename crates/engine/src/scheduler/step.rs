@@ -346,9 +346,8 @@ impl Run<'_> {
                 reasoning = split.reasoning;
                 if thought.closed() {
                     // What the token held past the close is the answer's.
-                    let tail = String::from_utf8_lossy(&split.tail);
                     c.sampler
-                        .answer_begins(&vocab.tokenize(tail.as_bytes(), false, true));
+                        .answer_begins(&vocab.tokenize(&split.tail, false, true));
                 } else if thought.due() {
                     c.sampler.force(&c.close);
                 }
