@@ -259,6 +259,13 @@ fn each_familys_template_renders_the_tools_and_its_calls_parse() {
     }
 }
 
+/// `request` sent to `served`'s chat endpoint: the body of its 200 answer.
+fn chat(served: &Served, request: &Value) -> String {
+    let (status, body) = served.send("POST", "/v1/chat/completions", &request.to_string(), None);
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
 /// The data of an SSE body, `[DONE]` left out.
 fn events(body: &str) -> Vec<Value> {
     body.split_terminator("\n\n")
@@ -302,8 +309,7 @@ fn a_cut_answer_keeps_the_calls_it_wrote_whole_on_every_face() {
     common::schema::assert_valid("CompletionResponse", &v);
     // The chat endpoint, whole: the two calls, the cut rest as content.
     let served = Served::start(&["-m", &model], &[]);
-    let (status, body) = served.send("POST", "/v1/chat/completions", &request.to_string(), None);
-    assert_eq!(status, 200, "{body}");
+    let body = chat(&served, &request);
     let v: Value = serde_json::from_str(&body).unwrap();
     let choice = &v["choices"][0];
     assert_eq!(choice["finish_reason"], "length", "{v}");
@@ -316,8 +322,7 @@ fn a_cut_answer_keeps_the_calls_it_wrote_whole_on_every_face() {
     // Streamed: the same calls, each sent once whole, and the same content.
     let mut streamed = request.clone();
     streamed["stream"] = json!(true);
-    let (status, body) = served.send("POST", "/v1/chat/completions", &streamed.to_string(), None);
-    assert_eq!(status, 200, "{body}");
+    let body = chat(&served, &streamed);
     let chunks = events(&body);
     let deltas: Vec<&Value> = chunks.iter().map(|c| &c["choices"][0]).collect();
     let content: String = deltas
@@ -366,9 +371,7 @@ fn a_framed_familys_calls_read_the_same_whole_and_streamed() {
         let request = json!({"messages": [{"role": "user",
             "content": "What is the weather in Paris, London and Tokyo?"}],
             "tools": tools, "tool_choice": "required", "temperature": 0, "max_tokens": max_tokens});
-        let (status, body) =
-            served.send("POST", "/v1/chat/completions", &request.to_string(), None);
-        assert_eq!(status, 200, "{body}");
+        let body = chat(&served, &request);
         let v: Value = serde_json::from_str(&body).unwrap();
         let choice = &v["choices"][0];
         assert_eq!(choice["finish_reason"], finish, "{v}");
@@ -382,9 +385,7 @@ fn a_framed_familys_calls_read_the_same_whole_and_streamed() {
         assert!(args[0]["days"].is_u64(), "{v}");
         let mut streamed = request.clone();
         streamed["stream"] = json!(true);
-        let (status, body) =
-            served.send("POST", "/v1/chat/completions", &streamed.to_string(), None);
-        assert_eq!(status, 200, "{body}");
+        let body = chat(&served, &streamed);
         let chunks = events(&body);
         let mut joined: Vec<(String, String)> = Vec::new();
         for part in chunks
@@ -462,9 +463,7 @@ fn gpt_oss_calls_and_words_keep_to_their_channels_whole_and_streamed() {
         for (k, v) in extra.as_object().unwrap() {
             request[k] = v.clone();
         }
-        let (status, body) =
-            served.send("POST", "/v1/chat/completions", &request.to_string(), None);
-        assert_eq!(status, 200, "{body}");
+        let body = chat(&served, &request);
         let v: Value = serde_json::from_str(&body).unwrap();
         let choice = &v["choices"][0];
         assert_eq!(choice["finish_reason"], finish, "{v}");
@@ -479,9 +478,7 @@ fn gpt_oss_calls_and_words_keep_to_their_channels_whole_and_streamed() {
         assert_eq!(answer, said, "{v}");
         // Streamed, the same reasoning, call and words.
         request["stream"] = json!(true);
-        let (status, body) =
-            served.send("POST", "/v1/chat/completions", &request.to_string(), None);
-        assert_eq!(status, 200, "{body}");
+        let body = chat(&served, &request);
         let deltas: Vec<Value> = events(&body)
             .into_iter()
             .map(|c| c["choices"][0]["delta"].clone())

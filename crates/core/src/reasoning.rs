@@ -50,22 +50,18 @@ pub const CHANNEL: Tags = Tags {
     header: "",
 };
 
-/// gpt-oss's analysis channel where calls may come: its close opens the
-/// next message and leaves its channel to the answer, the final one for
-/// words (its header dropped) or the commentary one for a call.
-pub const CHANNEL_CALLS: Tags = Tags {
-    open: "<|channel|>analysis<|message|>",
-    close: "<|end|><|start|>assistant",
-    after_open: "",
-    header: "<|channel|>final<|message|>",
-};
-
 impl Tags {
-    /// These tags where the answer may be calls.
-    pub fn calling(self) -> Tags {
-        match self == CHANNEL {
-            true => CHANNEL_CALLS,
-            false => self,
+    /// These tags where the answer may be calls opened by `header`'s
+    /// sibling channel (gpt-oss's commentary one beside its final one):
+    /// the close stops before the header, which words then write.
+    pub fn calling(self, header: &'static str) -> Tags {
+        match self.close.strip_suffix(header) {
+            Some(close) if !header.is_empty() => Tags {
+                close,
+                header,
+                ..self
+            },
+            _ => self,
         }
     }
 }
@@ -339,9 +335,12 @@ impl Thought {
         if !self.answering && !self.header.is_empty() {
             // Held while it may be the header: dropped if it is.
             self.heading.append(&mut bytes);
-            let blank = self.heading.iter().take_while(|b| b.is_ascii_whitespace());
-            let start = blank.count();
-            let seen = &self.heading[start..];
+            let blank = self
+                .heading
+                .iter()
+                .take_while(|b| b.is_ascii_whitespace())
+                .count();
+            let seen = &self.heading[blank..];
             if self.header.starts_with(seen) {
                 return Vec::new();
             }
@@ -497,6 +496,12 @@ mod tests {
 
     #[test]
     fn a_close_that_leaves_the_channel_to_the_answer_drops_the_words_header() {
+        const CHANNEL_CALLS: Tags = Tags {
+            open: "<|channel|>analysis<|message|>",
+            close: "<|end|><|start|>assistant",
+            after_open: "",
+            header: "<|channel|>final<|message|>",
+        };
         let prompt = "<|start|>user<|message|>Hi<|end|><|start|>assistant";
         let (added, r) = begin(Some(CHANNEL_CALLS), prompt, None, None).unwrap();
         assert_eq!(added, CHANNEL_CALLS.open);
@@ -541,7 +546,7 @@ mod tests {
         assert!(!r.thinks());
         assert_eq!(split(&["<|channel|>final<|message|>Hi"], &r).1, "Hi");
         // Without calls, the final channel closes the thought whole.
-        assert_eq!(CHANNEL.calling(), CHANNEL_CALLS);
-        assert_eq!(ANGLE.calling(), ANGLE);
+        assert_eq!(CHANNEL.calling(CHANNEL_CALLS.header), CHANNEL_CALLS);
+        assert_eq!(ANGLE.calling(CHANNEL_CALLS.header), ANGLE);
     }
 }

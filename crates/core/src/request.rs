@@ -745,13 +745,13 @@ impl Request {
         // The family's own tags where its template shows them, else any.
         // Where calls may come and the family's answer names its channel,
         // the thought's close leaves the channel to the answer.
-        let calls = matches!(self.constraint, Some(Constraint::Tools { .. }))
-            && family.words_header().is_some();
+        let calls = matches!(self.constraint, Some(Constraint::Tools { .. }));
+        let header = family.words_header().filter(|_| calls);
         let tags = family
             .reasoning()
             .filter(|t| reasoning::shows(t, source))
             .or_else(|| reasoning::tags_of(source))
-            .map(|t| if calls { t.calling() } else { t });
+            .map(|t| header.map_or(t, |h| t.calling(h)));
         let (opened, reasoning) = reasoning::begin(tags, &rendered.prompt, think, budget)?;
         self.prompt = rendered.prompt + &opened;
         self.reasoning = reasoning;

@@ -24,7 +24,7 @@ const FRAME: Frame = Frame {
 };
 
 /// What opens an answer of words: the final channel's header.
-pub const FINAL: &str = "<|channel|>final<|message|>";
+const FINAL: &str = "<|channel|>final<|message|>";
 
 impl Family for Harmony {
     fn recognises(&self, template: &str) -> bool {

@@ -600,8 +600,9 @@ impl Run<'_> {
         let drafter =
             (lookup > 0).then(|| Drafter::with_history(&history, &ids, lookup, temperature));
         let reasoning = job.request.reasoning.as_ref();
-        let specials = reasoning.is_some_and(|r| !r.header.is_empty())
-            || matches!(&job.request.constraint, Some(Constraint::Tools { format, .. }) if format.family().frame().is_some());
+        // (A channel's header comes only where a framed family's calls may.)
+        let specials = matches!(&job.request.constraint,
+            Some(Constraint::Tools { format, .. }) if format.family().frame().is_some());
         let close = reasoning.map_or_else(Vec::new, |r| {
             let vocab = self.engine.model.vocab();
             vocab.tokenize(r.forced_close().as_bytes(), false, true)
