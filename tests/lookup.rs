@@ -265,7 +265,7 @@ fn kept_curve(cache: &std::path::Path) -> (std::path::PathBuf, Value) {
 }
 
 #[test]
-fn only_deterministic_mode_times_call_costs_and_keeps_them() {
+fn call_costs_are_timed_once_and_kept() {
     let cache = tempfile::tempdir().unwrap();
     let body = request(COPY, json!({}));
     let verbose = |extra: &[&str]| {
@@ -273,25 +273,38 @@ fn only_deterministic_mode_times_call_costs_and_keeps_them() {
             .env("XDG_CACHE_HOME", cache.path())
             .stdin(&body)
             .run();
-        out.ok();
-        out.stderr
+        (out.ok().to_string(), out.stderr)
     };
-    // The default mode sizes drafts by the text alone: nothing timed, nothing kept.
-    let plain = verbose(&[]);
-    assert!(!plain.contains("call costs"), "{plain}");
-    assert!(kept_curves(cache.path()).is_empty());
-    // Deterministic mode, whose bytes no draft changes, times a curve once
-    // and plans by it from then on.
-    let first = verbose(&["--deterministic"]);
+    // The first run on this machine times a curve and keeps it.
+    let (first, stderr) = verbose(&[]);
     assert!(
-        first.contains("call costs (× a one-token call), calibrated in"),
-        "{first}"
+        stderr.contains("call costs (× a one-token call), calibrated in"),
+        "{stderr}"
     );
     let (_, curve) = kept_curve(cache.path());
     assert!(curve["secs"][16].as_f64().unwrap() > 0.0, "{curve}");
-    let again = verbose(&["--deterministic"]);
+    // Every later run plans by it as kept, and drafts as the first did.
+    let (again, stderr) = verbose(&[]);
     assert!(
-        again.contains("call costs (× a one-token call), as kept: "),
-        "{again}"
+        stderr.contains("call costs (× a one-token call), as kept: "),
+        "{stderr}"
     );
+    // (A greedy request without a seed reports the random one it drew.)
+    let answer =
+        |s: &str| serde_json::from_str::<Value>(s).unwrap()["choices"][0]["logprobs"].clone();
+    assert_eq!(answer(&again), answer(&first));
+    assert_eq!(drafts(&stderr), drafts(&verbose(&[]).1));
+    // Deterministic mode's kernels are other kernels: a curve of their own.
+    let (_, stderr) = verbose(&["--deterministic"]);
+    assert!(stderr.contains("calibrated in"), "{stderr}");
+    assert_eq!(kept_curves(cache.path()).len(), 2);
+    // `--lookup 0` drafts nothing, so it times nothing.
+    let empty = tempfile::tempdir().unwrap();
+    let out = cmpl(&["--json", "--verbose", "--lookup", "0"])
+        .env("XDG_CACHE_HOME", empty.path())
+        .stdin(&body)
+        .run();
+    out.ok();
+    assert!(!out.stderr.contains("call costs"), "{}", out.stderr);
+    assert!(kept_curves(empty.path()).is_empty());
 }

@@ -1,7 +1,8 @@
-//! The same request gives the same bytes however busy the machine is: no
-//! clock sizes a draft in the default mode, so a greedy or seeded answer
-//! (one-shot, batch line, server) under every core's load is the idle one's,
-//! on the test model and on SmolLM2 (another architecture and vocabulary).
+//! The same request gives the same bytes however busy the machine is: drafts
+//! are sized by the machine's call costs as kept once measured, never timed
+//! again, so a greedy or seeded answer (one-shot, batch line, server) under
+//! every core's load is the idle one's, on the test model and on SmolLM2
+//! (another architecture and vocabulary).
 
 use crate::common;
 use common::run::{cmpl, model_path, second_model_path};
@@ -38,14 +39,13 @@ fn answer(text: &str) -> Value {
 }
 
 /// Each request as a one-shot, as one batch, and one after another to a
-/// server; each one-shot in a cache folder of its own (nothing kept from a
-/// run before, timed or not).
-fn every_face(lines: &[String], model: &str) -> Vec<Value> {
+/// server; the one-shots with the cache folder `cache` (the first run in it
+/// times the curve every later one plans by).
+fn every_face(lines: &[String], model: &str, cache: &std::path::Path) -> Vec<Value> {
     let mut out = Vec::new();
     for l in lines {
-        let cache = tempfile::tempdir().unwrap();
         let run = cmpl(&["--json", "-m", model])
-            .env("XDG_CACHE_HOME", cache.path())
+            .env("XDG_CACHE_HOME", cache)
             .stdin(l)
             .run();
         out.push(answer(run.ok()));
@@ -72,7 +72,8 @@ fn greedy_and_seeded_answers_are_the_same_bytes_while_every_core_is_busy() {
 
 fn same_bytes_under_load(model: &str) {
     let lines = requests();
-    let idle = every_face(&lines, model);
+    let cache = tempfile::tempdir().unwrap();
+    let idle = every_face(&lines, model, cache.path());
     // Drafts were taken: the comparison covers verified drafts.
     let verbose = cmpl(&["--json", "--verbose", "-m", model])
         .stdin(&lines[1])
@@ -94,7 +95,7 @@ fn same_bytes_under_load(model: &str) {
                 }
             });
         }
-        let busy = every_face(&lines, model);
+        let busy = every_face(&lines, model, cache.path());
         stop.store(true, Ordering::Relaxed);
         busy
     });

@@ -127,10 +127,6 @@ impl Engine {
         self.check_memory(shape)?;
         let mut index = 0;
         let mut feed = |wait: bool, sink: &mut Sink| loop {
-            if wait {
-                // Idle: a curve calibrated for these requests is kept now.
-                self.state.save_costs();
-            }
             let (request, token_logprobs, alone) = match next(wait) {
                 Arrival::Request {
                     request,
@@ -163,8 +159,6 @@ impl Engine {
                 Err(error) => sink(Event::Rejected { job, error })?,
             }
         };
-        let done = self.decode_all(Vec::new(), &mut feed, shape, interrupted, sink);
-        self.state.save_costs();
-        done
+        self.decode_all(Vec::new(), &mut feed, shape, interrupted, sink)
     }
 }

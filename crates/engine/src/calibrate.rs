@@ -10,28 +10,22 @@ use llama_cpp_2::token::LlamaToken;
 const CALIBRATION_PREFIX: usize = 128;
 
 impl Engine {
-    /// Lookup's call costs, loaded from the cache folder or calibrated
-    /// here where there are none yet (once per machine, model and
-    /// settings), then kept as they are.
+    /// Lookup's call costs: the curve kept for this machine, model and
+    /// settings, or measured here where there is none yet (and kept), then
+    /// left as it is.
     pub(crate) fn ensure_costs(&self) {
         let mut costs = self.state.costs.lock().unwrap_or_else(|e| e.into_inner());
         if costs.is_some() {
             return;
         }
-        let kept = costs::Costs::load(&self.state.costs_key).filter(costs::Costs::known);
-        let (found, how) = match kept {
-            Some(c) => (c, "as kept".to_string()),
-            None => {
-                let started = std::time::Instant::now();
-                let mut c = self.calibrate();
-                c.changed = true;
-                (
-                    c,
-                    format!("calibrated in {} ms", started.elapsed().as_millis()),
-                )
-            }
-        };
+        let started = std::time::Instant::now();
+        let (found, measured) =
+            costs::Costs::kept_or_measured(&self.state.costs_key, || self.calibrate());
         if self.verbose {
+            let how = match measured {
+                true => format!("calibrated in {} ms", started.elapsed().as_millis()),
+                false => "as kept".to_string(),
+            };
             eprintln!(
                 "cmpl: call costs (× a one-token call), {how}: {}",
                 found.curve()

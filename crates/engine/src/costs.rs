@@ -1,36 +1,27 @@
 //! What a decode call costs where cmpl runs: the time of a call of n tokens
 //! (each position's logits kept, as a draft's verification keeps them)
-//! against a call of one, for this model, threads and backend. In
-//! deterministic mode, where no draft changes a byte, prompt lookup sizes
-//! its drafts by it (the default mode charges [`untimed`] costs, so that no
-//! clock reaches an answer), so it must be this machine's: the same
-//! 16-token call costs 4.4 one-token calls on one 2-core Xeon, 5.7 on an
-//! EPYC, 8.6 with a smaller model, and nothing like either on a GPU.
+//! against a call of one, for this model, threads and backend. Prompt
+//! lookup sizes its drafts by it, so it must be this machine's: the same
+//! 16-token call costs 4.4 one-token calls on one 2-core Xeon, 5.7 to 6.8
+//! on an EPYC, 8.6 with a smaller model, and nothing like either on a GPU.
 //!
-//! Before there is any, a short calibration (a few calls of 1 to 16 tokens
-//! in a context of its own) measures it; the estimates are kept in cmpl's
-//! cache folder per model and machine, and every later run plans from that
-//! curve as it was kept: frozen once measured, so the same run drafts the
-//! same tokens every time. (Runs once pooled their own timings to retime a
-//! curve; deterministic mode's calls, each beside a ballast sequence, never
-//! give the one-token calls that evidence is measured against, so that
-//! went.)
-
+//! A draft's length shapes the call that verifies it, and llama.cpp rounds
+//! a call's logits by its shape, so a curve that moved with the machine's
+//! load would move greedy answers with it. So it is measured once and then
+//! frozen: the first run of a model on a machine (per threads and
+//! settings) times a few calls of 1 to 16 tokens in a context of its own,
+//! keeps the curve in cmpl's cache folder, and every later run plans by
+//! that curve as it was kept, never timing again. Processes that start
+//! together wait for the one that measures ([`Costs::kept_or_measured`]),
+//! so they plan alike too.
 use serde_json::{json, Value};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// What the default mode charges a call of `tokens` tokens, in one-token
-/// calls: two for a call of two, half a call for each token past them. No
-/// clock enters it, so a draft's length (and with it the shape of the call
-/// that verifies it, which rounds the logits its own way) follows the text
-/// alone, and a greedy answer is the same however busy the machine is. It
-/// charges more than any CPU measured so far takes (a 16-token call: 9
-/// against 4.4 on a 2-core Xeon, 6.0 on an EPYC, 8.6 with a smaller model),
-/// so a draft it lets through pays on them: only a long copy is drafted,
-/// and several choices at once (where extra tokens cost nearly what their
-/// own steps do) draft less. Deterministic mode, whose bytes no draft
-/// changes, plans by the timed curve instead.
+/// What a call of `tokens` tokens is charged, in one-token calls, where no
+/// curve could be measured (a context that cannot be made): two for a call
+/// of two, half a call for each token past them, more than any CPU
+/// measured so far takes, so a draft it lets through pays on them.
 pub fn untimed(tokens: usize) -> f64 {
     match tokens {
         0 | 1 => tokens as f64,
@@ -51,6 +42,11 @@ const CALIBRATED: [usize; 10] = [1, 2, 3, 4, 5, 8, 9, 12, 13, 16];
 const PASSES: usize = 3;
 /// The cost file's format: 2 added a pool of runs' timings, 3 dropped it.
 const VERSION: u64 = 3;
+/// How long a process waits for another to measure the curve it needs,
+/// and how old that one's claim may be before it counts as abandoned (a
+/// calibration stops at its budget, so a claim this old was left behind).
+const WAIT: Duration = Duration::from_secs(30);
+const ABANDONED: Duration = Duration::from_secs(20);
 /// Calibration stops past this, whatever is left unmeasured (a large
 /// model's 16-token call can take a second on a CPU).
 const CALIBRATION_BUDGET: Duration = Duration::from_millis(1500);
@@ -63,8 +59,6 @@ pub struct Costs {
     weight: Vec<f64>,
     /// When the curve was timed (seconds since the Unix epoch).
     timed: u64,
-    /// Recorded since loaded or saved.
-    pub changed: bool,
 }
 
 impl Default for Costs {
@@ -73,7 +67,6 @@ impl Default for Costs {
             secs: vec![0.0; SIZES + 1],
             weight: vec![0.0; SIZES + 1],
             timed: 0,
-            changed: false,
         }
     }
 }
@@ -91,7 +84,6 @@ impl Costs {
             *s += (secs.clamp(*s / CLAMP, *s * CLAMP) - *s) / (*w + 1.0);
         }
         *w = (*w + 1.0).min(KEEP);
-        self.changed = true;
     }
 
     /// Whether a one-token call has been measured (everything else is
@@ -197,35 +189,96 @@ impl Costs {
             secs: list("secs")?,
             weight: list("weight")?.into_iter().map(|w| w.min(KEEP)).collect(),
             timed: v.get("timed")?.as_u64()?,
-            changed: false,
         })
     }
 
+    /// The curve kept under `key`, or else `measure`'s, kept there for
+    /// the runs after this one; and whether it was measured here. One
+    /// process measures at a time: a claim file beside the curve (its
+    /// process id) makes the others wait for its curve rather than time
+    /// calls of their own while it does, and a claim whose process is gone
+    /// or that is older than [`ABANDONED`] is taken over. Without a cache
+    /// folder it measures for this run alone.
+    pub fn kept_or_measured(key: &str, measure: impl FnOnce() -> Costs) -> (Costs, bool) {
+        match Costs::file(key) {
+            Some(file) => Costs::kept_or_measured_at(&file, measure),
+            None => (measure(), true),
+        }
+    }
+
+    fn kept_or_measured_at(file: &Path, measure: impl FnOnce() -> Costs) -> (Costs, bool) {
+        let claim = file.with_extension("claim");
+        let started = Instant::now();
+        loop {
+            if let Some(kept) = Costs::load(file).filter(Costs::known) {
+                return (kept, false);
+            }
+            if let Some(dir) = claim.parent() {
+                let _ = std::fs::create_dir_all(dir);
+            }
+            let claimed = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&claim)
+                .and_then(|mut f| {
+                    use std::io::Write;
+                    write!(f, "{}", std::process::id())
+                });
+            match claimed {
+                Ok(()) => {
+                    // Another may have kept its curve since the look above.
+                    let kept = Costs::load(file).filter(Costs::known);
+                    let measured = kept.is_none();
+                    let costs = kept.unwrap_or_else(|| {
+                        let c = measure();
+                        c.save(file);
+                        c
+                    });
+                    let _ = std::fs::remove_file(&claim);
+                    return (costs, measured);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    if started.elapsed() > WAIT {
+                        return (measure(), true);
+                    }
+                    if abandoned(&claim) {
+                        let _ = std::fs::remove_file(&claim);
+                    } else {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                }
+                // A cache that cannot be written: this run's own curve.
+                Err(_) => return (measure(), true),
+            }
+        }
+    }
+
     /// Where the costs of the machine and model `key` names are kept.
-    pub fn file(key: &str) -> Option<PathBuf> {
+    fn file(key: &str) -> Option<PathBuf> {
         let dirs = directories::ProjectDirs::from("", "", "cmpl")?;
         Some(dirs.cache_dir().join("costs").join(format!("{key}.json")))
     }
 
-    pub fn load(key: &str) -> Option<Costs> {
-        let text = std::fs::read_to_string(Costs::file(key)?).ok()?;
+    fn load(file: &Path) -> Option<Costs> {
+        let text = std::fs::read_to_string(file).ok()?;
         Costs::from_json(&serde_json::from_str(&text).ok()?)
     }
 
     /// Saves them (written beside, then renamed: a process reading at the
     /// same time sees the old file or the new, whole). Best effort: a cache
     /// that cannot be written only means measuring again.
-    pub fn save(&self, key: &str) {
-        let Some(path) = Costs::file(key) else {
+    fn save(&self, path: &Path) {
+        let (Some(dir), Some(name)) = (path.parent(), path.file_stem()) else {
             return;
         };
-        let Some(dir) = path.parent() else {
-            return;
-        };
-        let tmp = dir.join(format!("{key}.{}.tmp", std::process::id()));
+        let tmp = dir.join(format!(
+            "{}.{}.tmp",
+            name.to_string_lossy(),
+            std::process::id()
+        ));
         let written = std::fs::create_dir_all(dir)
             .and_then(|()| std::fs::write(&tmp, self.to_json().to_string()))
-            .and_then(|()| std::fs::rename(&tmp, &path));
+            .and_then(|()| std::fs::rename(&tmp, path));
         if written.is_err() {
             let _ = std::fs::remove_file(&tmp);
             return;
@@ -241,13 +294,31 @@ fn now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// Whether a claim to measure was left behind: its process gone (where
+/// /proc tells), or the claim older than any calibration takes.
+fn abandoned(claim: &Path) -> bool {
+    let gone = std::fs::read_to_string(claim)
+        .ok()
+        .and_then(|pid| pid.trim().parse::<u32>().ok())
+        .is_some_and(|pid| {
+            std::path::Path::new("/proc/self").exists()
+                && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        });
+    let old = std::fs::metadata(claim)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .is_some_and(|age| age > ABANDONED);
+    gone || old
+}
+
 /// Curves kept at most: one per model file, machine and settings, so a
 /// user who tries many models (or a test suite's copies of one) would
 /// otherwise grow the folder without end. The least recently written go.
 const KEPT_FILES: usize = 64;
 
 /// Leaves the `keep` newest curves in `dir`.
-fn prune(dir: &std::path::Path, keep: usize) {
+fn prune(dir: &Path, keep: usize) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
@@ -363,6 +434,40 @@ mod tests {
         let mut bad = c.to_json();
         bad["secs"][3] = json!(-1.0);
         assert!(Costs::from_json(&bad).is_none());
+    }
+
+    #[test]
+    fn a_curve_is_measured_once_and_others_wait_for_it() {
+        let dir = std::env::temp_dir().join(format!("cmpl-claims-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let file = dir.join("costs/m-1.json");
+        let curve = from(&[(1, 0.01), (2, 0.016), (16, 0.05)]);
+        // None kept: measured, kept, the claim gone.
+        let (c, measured) = Costs::kept_or_measured_at(&file, || curve.clone());
+        assert!(measured && c == curve);
+        assert!(file.exists() && !file.with_extension("claim").exists());
+        // Kept: read as it is, never measured again.
+        let (c, measured) = Costs::kept_or_measured_at(&file, || unreachable!());
+        assert!(!measured && c.secs == curve.secs);
+        // Another process is measuring (a live claim): wait for its curve.
+        let other = dir.join("costs/m-2.json");
+        let claim = other.with_extension("claim");
+        std::fs::write(&claim, std::process::id().to_string()).unwrap();
+        let (c, measured) = std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(200));
+                curve.save(&other);
+                std::fs::remove_file(&claim).unwrap();
+            });
+            Costs::kept_or_measured_at(&other, || unreachable!())
+        });
+        assert!(!measured && c.secs == curve.secs);
+        // A claim whose process is gone is taken over.
+        let third = dir.join("costs/m-3.json");
+        std::fs::write(third.with_extension("claim"), u32::MAX.to_string()).unwrap();
+        let (_, measured) = Costs::kept_or_measured_at(&third, || curve.clone());
+        assert!(measured && third.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

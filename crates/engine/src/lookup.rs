@@ -442,7 +442,7 @@ impl Offer<'_> {
 /// length expected to give the most tokens per unit of decode time, at most
 /// `room` tokens in all; 0 when none gains enough over a step without.
 /// `call_cost(n)`: a call of n tokens against a call of one, as the mode
-/// charges it (`engine/costs.rs`: untimed, or timed in deterministic mode).
+/// charges it (`engine/costs.rs`: the machine's curve, frozen once measured).
 pub fn plan(offers: &[Offer], room: usize, call_cost: impl Fn(usize) -> f64) -> usize {
     let seqs = offers.len();
     let Some(longest) = offers.iter().map(|o| o.tokens.len()).max() else {

@@ -79,7 +79,6 @@ impl Backend for Engine {
         };
         self.check_memory(shape)?;
         let done = self.decode_all(jobs, &mut |_, _| Ok(Fed::Closed), shape, interrupted, sink);
-        self.state.save_costs();
         if let (true, Some(line)) = (self.verbose, guide::STATS.line()) {
             eprintln!("cmpl: {line}");
         }

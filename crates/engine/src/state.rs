@@ -1,5 +1,5 @@
-//! What a process builds up while it runs a model: the call costs
-//! deterministic mode's prompt lookup plans by, earlier answers for lookup's
+//! What a process builds up while it runs a model: the call costs prompt
+//! lookup plans by, earlier answers for lookup's
 //! drafts, and structured output's token trie.
 
 use crate::{costs, guide, lookup};
@@ -12,9 +12,9 @@ pub struct State {
     /// Structured output's tokenizer trie, built at the first request
     /// that has a constraint, then shared by every other.
     pub(crate) guides: OnceLock<std::result::Result<guide::Guides, CmplError>>,
-    /// What decode calls cost here, as deterministic mode's prompt lookup
-    /// plans by it: loaded or calibrated at the first such run that may draft, then left as it is for
-    /// this process (so a run drafts the same every time).
+    /// What decode calls cost here, as prompt lookup plans by it: loaded
+    /// or calibrated at the first run that may draft, then left as it is
+    /// (so a run drafts the same every time).
     pub(crate) costs: Mutex<Option<costs::Costs>>,
     /// The machine, model and settings the costs are kept under.
     pub(crate) costs_key: String,
@@ -49,26 +49,19 @@ impl State {
             .add(answer);
     }
 
-    /// The relative cost of a call of `tokens` tokens as timed here (see
-    /// `costs`): deterministic mode's, where timings change no byte.
-    pub fn timed_cost(&self, tokens: usize) -> f64 {
+    /// The relative cost of a call of `tokens` tokens by the curve kept
+    /// for this machine (see `costs`), or the untimed charge where none
+    /// could be measured.
+    pub fn call_cost(&self, tokens: usize) -> f64 {
         match self
             .costs
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
+            .filter(|c| c.known())
         {
             Some(c) => c.relative(tokens),
-            None => tokens as f64,
-        }
-    }
-
-    /// Keeps a fresh calibration in the cache, for the next runs.
-    pub fn save_costs(&self) {
-        let mut costs = self.costs.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(current) = costs.as_mut().filter(|c| c.changed) {
-            current.save(&self.costs_key);
-            current.changed = false;
+            None => costs::untimed(tokens),
         }
     }
 }

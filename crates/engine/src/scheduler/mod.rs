@@ -97,7 +97,7 @@ impl Engine {
         } else {
             (parallel, cells)
         };
-        if self.lookup > 0 && shape.exact {
+        if self.lookup > 0 {
             self.ensure_costs();
         }
         let params = LlamaContextParams::default()

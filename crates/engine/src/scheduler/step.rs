@@ -178,11 +178,9 @@ impl Run<'_> {
         // deterministic mode, with ballast), and there each stream's pass
         // stays under 64 tokens, where llama.cpp's attention would switch to
         // tiles that span several streams' rows.
-        // A clock may size drafts only where no draft changes a byte.
-        let cost = |n| match self.exact {
-            true => engine.state.timed_cost(n),
-            false => crate::costs::untimed(n),
-        };
+        // The machine's curve, frozen once measured: the same text drafts
+        // the same however busy the machine is now.
+        let cost = |n| engine.state.call_cost(n);
         // Prompts on their way in keep up to half the room drafts could take.
         let room = self.batch_size.saturating_sub(seqs);
         let room = room - self.prompts_left().min(room / 2);
