@@ -247,8 +247,12 @@ impl Costs {
                         std::thread::sleep(Duration::from_millis(50));
                     }
                 }
-                // A cache that cannot be written: this run's own curve.
-                Err(_) => return (measure(), true),
+                // A cache that cannot be written: this run's own curve (and
+                // no claim left behind by a write that failed).
+                Err(_) => {
+                    let _ = std::fs::remove_file(&claim);
+                    return (measure(), true);
+                }
             }
         }
     }
