@@ -208,13 +208,13 @@ impl Costs {
 
     fn kept_or_measured_at(file: &Path, measure: impl FnOnce() -> Costs) -> (Costs, bool) {
         let claim = file.with_extension("claim");
+        if let Some(dir) = claim.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
         let started = Instant::now();
         loop {
             if let Some(kept) = Costs::load(file).filter(Costs::known) {
                 return (kept, false);
-            }
-            if let Some(dir) = claim.parent() {
-                let _ = std::fs::create_dir_all(dir);
             }
             let claimed = std::fs::OpenOptions::new()
                 .write(true)
@@ -305,8 +305,7 @@ fn abandoned(claim: &Path) -> bool {
         .ok()
         .and_then(|pid| pid.trim().parse::<u32>().ok())
         .is_some_and(|pid| {
-            std::path::Path::new("/proc/self").exists()
-                && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+            Path::new("/proc/self").exists() && !Path::new(&format!("/proc/{pid}")).exists()
         });
     let old = std::fs::metadata(claim)
         .and_then(|m| m.modified())
