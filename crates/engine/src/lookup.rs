@@ -73,8 +73,11 @@ const RESUME_WITHIN: usize = 16;
 const NONE: u32 = u32::MAX;
 
 /// How much of a class's evidence each further offer checked keeps (recent
-/// offers count most).
+/// offers count most): a choice's own evidence is worth ten offers at most.
 const KEEP_EVIDENCE: f64 = 0.9;
+/// What the rest of a batch showed is worth at most half that: their texts
+/// share a shape with a choice's, not its words.
+const SHARED_WEIGHT: f64 = 5.0;
 /// The least expected gain (tokens per unit of decode time, against 1
 /// without a draft) worth a draft: a timed curve is noisy, and a draft
 /// that barely pays by it may not pay.
@@ -95,15 +98,13 @@ pub struct Drafter {
     earlier: [Vec<u32>; NGRAMS.len()],
     /// The most tokens a draft may have (`--lookup`).
     max: usize,
-    /// For each class of agreement ([`AGREEING`]) between the offer's
-    /// source and the text, and each draft position: the drafts the model
-    /// decided at that position (its predecessors taken; the position
-    /// taken or refused), and those taken there, decayed. Their ratio is
-    /// the odds of a position given the ones before it (the product-limit
-    /// estimate of how far a draft is taken, drafts cut short counting
-    /// only as far as they went).
-    decided: [[f64; POSITIONS]; PRIOR.len()],
-    taken: [[f64; POSITIONS]; PRIOR.len()],
+    /// What this choice's own offers showed (see [`Evidence`]).
+    evidence: Evidence,
+    /// What the other choices of its batch showed (a request's `n`
+    /// choices, a `--batch`'s lines at the same temperature), worth at most
+    /// [`SHARED_WEIGHT`] offers a position: the same text's shape, a
+    /// weaker guide than the choice's own.
+    shared: Evidence,
     /// What the priors are raised to: 1 for an argmax, more the hotter a
     /// choice samples (see [`Drafter::with_history`]).
     prior_power: f64,
@@ -151,8 +152,8 @@ impl Drafter {
             index: Default::default(),
             earlier: Default::default(),
             max,
-            decided: [[0.0; POSITIONS]; PRIOR.len()],
-            taken: [[0.0; POSITIONS]; PRIOR.len()],
+            evidence: Evidence::default(),
+            shared: Evidence::default(),
             shadows: [None; PRIOR.len()],
             broke: None,
             prior_power: 1.0 + 1.5 * temperature.max(0.0),
@@ -203,8 +204,10 @@ impl Drafter {
     pub fn offer(&self, limit: usize) -> Option<Offer<'_>> {
         let (start, end, class) = self.continuation(limit)?;
         let prior = PRIOR[class].powf(self.prior_power) * PRIOR_WEIGHT;
+        let (own, shared) = (&self.evidence, &self.shared);
         let odds = std::array::from_fn(|j| {
-            (self.taken[class][j] + prior) / (self.decided[class][j] + PRIOR_WEIGHT)
+            (own.taken[class][j] + shared.taken[class][j] + prior)
+                / (own.decided[class][j] + shared.decided[class][j] + PRIOR_WEIGHT)
         });
         let len = self.tokens.len();
         // Past the text's end, a copy of the text's own end repeats itself
@@ -297,6 +300,17 @@ impl Drafter {
         self.max
     }
 
+    /// What this choice's own offers showed so far.
+    pub fn evidence(&self) -> &Evidence {
+        &self.evidence
+    }
+
+    /// What the other choices of its batch showed (`others`: their
+    /// evidence summed), weighed as at most [`SHARED_WEIGHT`] offers.
+    pub fn share(&mut self, others: &Evidence) {
+        self.shared = others.capped();
+    }
+
     /// The step drafted nothing for this choice (not worth its cost): its
     /// offer of at most `limit` tokens is checked against the tokens that
     /// follow instead, unless one of its class still is. So a drafter that
@@ -345,7 +359,8 @@ impl Drafter {
             return;
         }
         let decided = (accepted + usize::from(accepted < drafted)).min(POSITIONS);
-        let (taken, tried) = (&mut self.taken[class], &mut self.decided[class]);
+        let e = &mut self.evidence;
+        let (taken, tried) = (&mut e.taken[class], &mut e.decided[class]);
         for j in 0..POSITIONS {
             taken[j] *= KEEP_EVIDENCE;
             tried[j] *= KEEP_EVIDENCE;
@@ -354,6 +369,67 @@ impl Drafter {
                 taken[j] += f64::from(u8::from(j < accepted));
             }
         }
+    }
+}
+
+/// What offers showed, for each class of agreement ([`AGREEING`]) between
+/// an offer's source and the text and each draft position: the offers the
+/// model decided at that position (its predecessors taken; the position
+/// taken or refused), and those taken there, decayed. Their ratio is the
+/// odds of a position given the ones before it (the product-limit estimate
+/// of how far a draft is taken, drafts cut short counting only as far as
+/// they went). A function of the tokens alone, never of a clock.
+#[derive(Clone, Copy)]
+pub struct Evidence {
+    decided: [[f64; POSITIONS]; PRIOR.len()],
+    taken: [[f64; POSITIONS]; PRIOR.len()],
+}
+
+impl Default for Evidence {
+    fn default() -> Evidence {
+        Evidence {
+            decided: [[0.0; POSITIONS]; PRIOR.len()],
+            taken: [[0.0; POSITIONS]; PRIOR.len()],
+        }
+    }
+}
+
+impl Evidence {
+    /// Adds `other`'s offers to these.
+    pub fn add(&mut self, other: &Evidence) {
+        self.combine(other, 1.0);
+    }
+
+    /// Takes `other`'s offers from these (a sum less one of its parts).
+    pub fn remove(&mut self, other: &Evidence) {
+        self.combine(other, -1.0);
+    }
+
+    fn combine(&mut self, other: &Evidence, sign: f64) {
+        for class in 0..PRIOR.len() {
+            for j in 0..POSITIONS {
+                self.decided[class][j] =
+                    (self.decided[class][j] + sign * other.decided[class][j]).max(0.0);
+                self.taken[class][j] = (self.taken[class][j] + sign * other.taken[class][j])
+                    .clamp(0.0, self.decided[class][j]);
+            }
+        }
+    }
+
+    /// The same odds, weighed as at most [`SHARED_WEIGHT`] offers at each
+    /// position.
+    fn capped(&self) -> Evidence {
+        let mut e = *self;
+        for class in 0..PRIOR.len() {
+            for j in 0..POSITIONS {
+                let scale = (SHARED_WEIGHT / e.decided[class][j]).min(1.0);
+                if scale.is_finite() {
+                    e.decided[class][j] *= scale;
+                    e.taken[class][j] *= scale;
+                }
+            }
+        }
+        e
     }
 }
 
@@ -737,8 +813,8 @@ mod tests {
             d.record(RESUMING, 7, 0);
         }
         let (mut d2, at) = copying();
-        d2.decided[RESUMING] = d.decided[RESUMING];
-        d2.taken[RESUMING] = d.taken[RESUMING];
+        d2.evidence.decided[RESUMING] = d.evidence.decided[RESUMING];
+        d2.evidence.taken[RESUMING] = d.evidence.taken[RESUMING];
         step(&mut d2, &[999]);
         d2.push(source[at + 1]);
         d2.push(source[at + 2]);
@@ -791,6 +867,57 @@ mod tests {
             d.record(3, 15, 15);
         }
         assert_eq!(draft(&d, 15).len(), 15);
+    }
+
+    #[test]
+    fn what_a_batch_showed_guides_a_choice_as_five_offers_at_most() {
+        // A chance match (three tokens agree) with a long continuation.
+        let source: Vec<i32> = (1..=300).collect();
+        let mut prompt = source.clone();
+        prompt.extend([900, 901, 1, 2, 3]);
+        let alone = Drafter::new(&prompt, 15);
+        let odds = |d: &Drafter| d.offer(15).unwrap().odds[0];
+        // The rest of its batch saw such offers refused at once: it drafts
+        // none before its own evidence says otherwise.
+        let mut refusing = Drafter::new(&prompt, 15);
+        for _ in 0..40 {
+            refusing.record(0, 15, 0);
+        }
+        let mut told = alone.clone();
+        told.share(refusing.evidence());
+        assert!(odds(&told) < odds(&alone));
+        assert!(draft(&told, 15).is_empty());
+        // Seen taken whole there, it drafts longer than alone.
+        let mut taking = Drafter::new(&prompt, 15);
+        for _ in 0..40 {
+            taking.record(0, 15, 15);
+        }
+        let mut told = alone.clone();
+        told.share(taking.evidence());
+        assert!(draft(&told, 15).len() > draft(&alone, 15).len());
+        // However much the batch saw, it weighs as five offers beside the
+        // prior's 2.5: (5 + 0.7 x 2.5) / 7.5.
+        let mut many = Evidence::default();
+        for _ in 0..10 {
+            many.add(taking.evidence());
+        }
+        told.share(&many);
+        assert!(
+            (odds(&told) - (5.0 + 0.7 * 2.5) / 7.5).abs() < 1e-9,
+            "{}",
+            odds(&told)
+        );
+        // A sum less one of its parts is the rest.
+        let mut sum = *refusing.evidence();
+        sum.add(taking.evidence());
+        sum.remove(refusing.evidence());
+        let rest = taking.evidence();
+        for class in 0..PRIOR.len() {
+            for j in 0..POSITIONS {
+                assert!((sum.decided[class][j] - rest.decided[class][j]).abs() < 1e-9);
+                assert!((sum.taken[class][j] - rest.taken[class][j]).abs() < 1e-9);
+            }
+        }
     }
 
     #[test]

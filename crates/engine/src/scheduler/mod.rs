@@ -5,6 +5,7 @@
 
 mod prompt;
 mod scored;
+mod shared;
 mod step;
 
 pub(super) use prompt::MIN_REUSE;
@@ -66,6 +67,9 @@ struct JobState {
     drafts: Drafts,
     /// Prompt tokens whose cells were reused (the prefix cache).
     reused: u32,
+    /// The group its choices share prompt lookup's evidence in (see
+    /// `shared`).
+    group: Option<usize>,
 }
 
 impl Engine {
@@ -116,6 +120,8 @@ impl Engine {
         let mut batch = LlamaBatch::new(batch_size, parallel as i32);
         let mut run = Run {
             engine: self,
+            batch: !jobs.is_empty(),
+            evidence: HashMap::new(),
             batch_size,
             stream_cells: (ctx.n_ctx() / streams) as usize,
             layout,
@@ -267,6 +273,12 @@ struct Run<'e> {
     exact: bool,
     /// Time in llama.cpp's decode calls, for `--verbose`.
     clock: Clock,
+    /// All the run's jobs were given at once (a `--batch`, a one-shot),
+    /// none fed while it runs (a server's).
+    batch: bool,
+    /// Prompt lookup's evidence of the choices finished, with their count,
+    /// by the group they share it in (see `shared`).
+    evidence: HashMap<shared::Key, (usize, super::lookup::Evidence)>,
 }
 
 /// Prompt tokens and the time their decode calls took; decode steps and
@@ -311,6 +323,7 @@ impl Run<'_> {
         if let Some(state) = self.states.remove(&job) {
             self.free_cells += self.pooled_cells(&state.job);
         }
+        self.forget_group(job);
         for c in gone {
             self.release(c.seq, ctx);
         }

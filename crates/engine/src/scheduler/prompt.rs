@@ -655,9 +655,11 @@ impl Run<'_> {
             rendered: (job.request.chat.is_some() || job.request.prompt_ids.is_some())
                 .then_some(job.request.prompt.as_str()),
         });
+        let group = self.group_of(index, n);
         self.states.insert(
             index,
             JobState {
+                group,
                 running: n,
                 prompt: echo.then_some(prompt_infos),
                 choices: vec![None; n as usize],

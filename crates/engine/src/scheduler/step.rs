@@ -128,6 +128,7 @@ impl Run<'_> {
     /// This step's drafts, one per running choice (in order), as
     /// [`lookup::plan`] sizes them.
     fn drafts(&mut self) -> Result<Vec<Draft>> {
+        self.share_evidence();
         let seqs = self.running.len();
         // Several choices draft together only with a stream per slot, and
         // then all alike (a choice with a shorter offer, or none, fills its
@@ -419,6 +420,7 @@ impl Run<'_> {
         ctx: &mut LlamaContext,
         sink: &mut Sink,
     ) -> Result<Option<ChoiceState>> {
+        self.keep_evidence(&c);
         let state = job_of(&mut self.states, c.job)?;
         let logprobs = state.job.request.logprobs;
         // Finished: its sequence is freed once the job's cells are back in
@@ -443,6 +445,7 @@ impl Run<'_> {
         if state.running == 0 {
             if let Some(done) = self.states.remove(&c.job) {
                 self.free_cells += self.pooled_cells(&done.job);
+                self.forget_group(c.job);
                 let told = sink(Event::Done {
                     job: c.job,
                     result: JobResult {
