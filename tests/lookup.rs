@@ -167,10 +167,14 @@ fn a_stream_sends_each_drafted_token_as_its_own_chunk() {
 
 #[test]
 fn several_choices_batch_lines_and_server_requests_each_follow_lookup_0() {
-    // n > 1: each choice drafts from its own text.
+    // n > 1: each choice in a stream of its own with a copy of the prompt,
+    // drafting from its own text, the choices together.
     let body = request(COPY, json!({"n": 2, "temperature": 0}));
     let plain = cmpl(&["--json", "--lookup", "0"]).stdin(&body).run().json();
-    let fast = cmpl(&["--json"]).stdin(&body).run().json();
+    let fast = cmpl(&["--json", "--verbose"]).stdin(&body).run();
+    let (drafted, accepted) = drafts(&fast.stderr);
+    assert!(accepted > 0 && accepted <= drafted, "{}", fast.stderr);
+    let fast = fast.json();
     for i in 0..2 {
         let pick = |v: &Value| json!({"choices": [v["choices"][i].clone()]});
         follows_single_run(&pick(&fast), &pick(&plain));

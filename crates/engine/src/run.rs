@@ -35,11 +35,24 @@ impl Backend for Engine {
         }
         // Lines that share nothing get a stream each too (see
         // `own_streams`); the others one pool, where they share cells.
-        let per_slot = exact || (opts.ctx_size.is_none() && own_streams(&jobs, self.prefix_cache));
+        let mut per_slot =
+            exact || (opts.ctx_size.is_none() && own_streams(&jobs, self.prefix_cache));
+        let widest = jobs.iter().map(|(_, j)| j.request.n).max().unwrap_or(1);
+        if per_slot && !exact && widest > 1 {
+            // A request's choices each hold a copy of its prompt there: only
+            // where they fit as comfortably as the pool would.
+            let slots = slots_for(DEFAULT_PARALLEL, &mut jobs.iter().map(|(_, j)| j.request.n));
+            per_slot = self.fits_comfortably(KvShape {
+                cells: per_choice(&jobs).saturating_mul(slots),
+                seqs: slots,
+                layout: Layout::PerSlot,
+                shared: false,
+                exact,
+            });
+        }
         let (layout, shared) = if per_slot {
             (Layout::PerSlot, false)
         } else {
-            let widest = jobs.iter().map(|(_, j)| j.request.n).max().unwrap_or(1);
             (Layout::Shared, self.prefix_cache || widest > 1)
         };
         let size = |p: u32| {
@@ -86,21 +99,30 @@ impl Backend for Engine {
     }
 }
 
-/// Whether a batch's lines run each in a KV stream of its own, as the
-/// server's slots do, rather than in one pool: where they share nothing.
-/// Each then attends to its own cells only (decoding 2-8% faster on a
-/// batch of nine here), and its refused drafts leave its own cells in order, so
-/// several lines draft at once (see `Run::drafts`). In one pool, lines with
-/// a prompt prefix in common share its cells, and a job's choices their
-/// prompt's; and a stream each is sized to the largest line, so lines of
-/// very unequal size fit a pool in less memory.
+/// Whether a batch's lines (and a request's choices) run each in a KV
+/// stream of its own, as the server's slots do, rather than in one pool:
+/// where they share nothing. Each then attends to its own cells only
+/// (decoding 2-8% faster on a batch of nine here), and its refused drafts
+/// leave its own cells in order, so several choices draft at once (see
+/// `Run::drafts`); a request's choices get their prompt's cells copied to
+/// each stream. In one pool, lines with a prompt prefix in common share its
+/// cells, and a request's choices their prompt's without copies; and a
+/// stream each is sized to the largest choice, so where that is over 1.5x
+/// what the choices need (lines of very unequal size), or the copies of a
+/// prompt make it over [`COPIES`] times the pool (a long prompt with many
+/// choices), the pool fits them in less memory (and where the copies would
+/// not fit comfortably at all, see `Engine::run`).
+const COPIES: u64 = 4;
+
 fn own_streams(jobs: &[(usize, Job)], prefix_cache: bool) -> bool {
-    if jobs.iter().any(|(_, j)| j.request.n > 1) {
-        return false;
-    }
-    let sizes: Vec<u64> = jobs.iter().map(|(_, j)| u64::from(j.cells())).collect();
-    let largest = sizes.iter().copied().max().unwrap_or(0);
-    if 2 * largest * sizes.len() as u64 > 3 * sizes.iter().sum::<u64>() {
+    let streams: u64 = jobs.iter().map(|(_, j)| u64::from(j.request.n)).sum();
+    let each: u64 = jobs
+        .iter()
+        .map(|(_, j)| u64::from(j.request.n) * u64::from(j.tokens.len() as u32 + j.budget))
+        .sum();
+    let pool: u64 = jobs.iter().map(|(_, j)| u64::from(j.cells())).sum();
+    let cells = u64::from(per_choice(jobs)) * streams;
+    if 2 * cells > 3 * each || cells > COPIES * pool {
         return false;
     }
     if !prefix_cache {
