@@ -348,9 +348,20 @@ fn a_thinking_template_goes_remote_only_without_thinking() {
     ];
     // --no-think: the rendered turn closes the reasoning, so the server's
     // answer is the answer alone, as the local run's.
+    // The same opening as the local run's: llama-server's build of
+    // llama.cpp (native kernels) and cmpl's may part later at a near-tie
+    // (on a Zen 4 with AVX-512, the local run went on with "." where the
+    // server's ended its turn).
     let local = cmpl(&ask).args(["--no-think", "--lookup", "0"]).run();
     let remote = cmpl(&ask).args(["--no-think", "--base-url", &url]).run();
-    assert_eq!(remote.ok(), local.ok());
+    let (local, remote) = (local.ok(), remote.ok());
+    let same = local
+        .chars()
+        .zip(remote.chars())
+        .take_while(|(a, b)| a == b)
+        .count();
+    assert!(same >= 16, "{remote:?} against {local:?}");
+    assert!(!remote.contains("<think>"), "{remote:?}");
     // Thinking (the template's default) cannot be split there: refused by
     // field, with the way out.
     let out = cmpl(&ask).args(["--json", "--base-url", &url]).run();
