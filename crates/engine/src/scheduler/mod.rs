@@ -276,9 +276,9 @@ struct Run<'e> {
     /// All the run's jobs were given at once (a `--batch`, a one-shot),
     /// none fed while it runs (a server's).
     batch: bool,
-    /// Prompt lookup's evidence of the choices finished, with their count,
-    /// by the group they share it in (see `shared`).
-    evidence: HashMap<shared::Key, (usize, super::lookup::Evidence)>,
+    /// Prompt lookup's evidence of the choices finished, by the group they
+    /// share it in (see `shared`).
+    evidence: HashMap<shared::Key, super::lookup::Evidence>,
 }
 
 /// Prompt tokens and the time their decode calls took; decode steps and

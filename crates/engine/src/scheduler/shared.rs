@@ -45,28 +45,21 @@ impl Run<'_> {
     /// to the tokens so far).
     pub(super) fn share_evidence(&mut self) {
         let keys: Vec<Option<Key>> = self.running.iter().map(|c| self.key(c)).collect();
-        let mut totals: HashMap<Key, (usize, Evidence)> = HashMap::new();
+        let mut totals: HashMap<Key, Evidence> = HashMap::new();
         for (c, key) in self.running.iter().zip(&keys) {
             let (Some(key), Some(d)) = (key, &c.drafter) else {
                 continue;
             };
-            let total = totals.entry(*key).or_insert_with(|| {
-                let done = self.evidence.get(key);
-                (
-                    done.map_or(0, |e| e.0),
-                    done.map_or_else(Evidence::default, |e| e.1),
-                )
-            });
-            total.0 += 1;
-            total.1.add(d.evidence());
+            let total = totals
+                .entry(*key)
+                .or_insert_with(|| self.evidence.get(key).copied().unwrap_or_default());
+            total.add(d.evidence());
         }
+        // A choice alone in its group is told nothing: its total less its
+        // own is exactly none.
         for (c, key) in self.running.iter_mut().zip(&keys) {
-            let (Some(key), Some(d)) = (key, &mut c.drafter) else {
-                continue;
-            };
-            let (members, total) = &totals[key];
-            if *members > 1 {
-                let mut others = *total;
+            if let (Some(key), Some(d)) = (key, &mut c.drafter) {
+                let mut others = totals[key];
                 others.remove(d.evidence());
                 d.share(&others);
             }
@@ -76,9 +69,7 @@ impl Run<'_> {
     /// A finished choice's evidence stays with its group.
     pub(super) fn keep_evidence(&mut self, c: &ChoiceState) {
         if let (Some(key), Some(d)) = (self.key(c), &c.drafter) {
-            let kept = self.evidence.entry(key).or_default();
-            kept.0 += 1;
-            kept.1.add(d.evidence());
+            self.evidence.entry(key).or_default().add(d.evidence());
         }
     }
 
