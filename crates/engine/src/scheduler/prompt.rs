@@ -216,49 +216,63 @@ impl Run<'_> {
         self.prefilling.iter().map(Prefill::left).sum()
     }
 
-    /// Queues up to `room` tokens of the prompts on their way in, after
-    /// what the batch holds: a quarter of the room to the oldest (none
-    /// starves), the rest to the shortest first, whole where they fit (a
-    /// short prompt behind a long one is in within a step, and prompts of
-    /// a kind go in arrival order). Returns the jobs whose last prompt token
-    /// is now in the batch, with its index there.
-    pub(super) fn queue_prompts(
-        &mut self,
-        batch: &mut LlamaBatch,
-        room: usize,
-    ) -> Result<Vec<(Prompted, i32)>> {
-        let n = self.prefilling.len();
-        if n == 0 {
-            return Ok(Vec::new());
-        }
+    /// How many of `room` tokens each prompt on its way in (oldest first)
+    /// takes this step: a quarter of the room to the oldest (none starves),
+    /// the rest to the shortest first, whole where they fit (a short prompt
+    /// behind a long one is in within a step, and prompts of a kind go in
+    /// arrival order).
+    pub(super) fn prompt_takes(&self, room: usize) -> Vec<usize> {
         let lefts: Vec<usize> = self.prefilling.iter().map(Prefill::left).collect();
-        let takes = shares(&lefts, room);
+        shares(&lefts, room)
+    }
+
+    /// The sequence prompt `i` on its way in is evaluated in.
+    pub(super) fn prompt_seq(&self, i: usize) -> i32 {
+        self.prefilling[i].prompted.seqs[0]
+    }
+
+    /// Adds the next `take` tokens of prompt `i` on its way in to the
+    /// batch; the index of its last token there if that completes it.
+    pub(super) fn queue_prompt(
+        &mut self,
+        i: usize,
+        take: usize,
+        batch: &mut LlamaBatch,
+    ) -> Result<Option<i32>> {
+        let p = &self.prefilling[i];
+        let n_prompt = p.prompted.job.tokens.len();
+        let (start, end) = (p.next, p.next + take);
+        let seqs = p.prompted.seqs.clone();
+        for pos in start..end {
+            let token = self.prefilling[i].prompted.job.tokens[pos];
+            batch
+                .add(
+                    token,
+                    pos as i32,
+                    self.prompt_seqs(&seqs),
+                    pos + 1 == n_prompt,
+                )
+                .map_err(|e| CmplError::internal(format!("batch: {e}")))?;
+        }
+        self.prefilling[i].next = end;
+        self.queued(&seqs, end);
+        Ok((end == n_prompt).then(|| batch.n_tokens() - 1))
+    }
+
+    /// Takes the prompts whose last token is now in the batch (`lasts`:
+    /// its index there, by [`Run::queue_prompt`], for each prompt on its
+    /// way in) out of those on their way in.
+    pub(super) fn queued_prompts(&mut self, lasts: &[Option<i32>]) -> Vec<(Prompted, i32)> {
         let mut ready = Vec::new();
-        let mut waiting = Vec::with_capacity(n);
-        for (mut p, take) in std::mem::take(&mut self.prefilling).into_iter().zip(takes) {
-            let n_prompt = p.prompted.job.tokens.len();
-            let end = p.next + take;
-            for pos in p.next..end {
-                let token = p.prompted.job.tokens[pos];
-                batch
-                    .add(
-                        token,
-                        pos as i32,
-                        self.prompt_seqs(&p.prompted.seqs),
-                        pos + 1 == n_prompt,
-                    )
-                    .map_err(|e| CmplError::internal(format!("batch: {e}")))?;
-            }
-            p.next = end;
-            self.queued(&p.prompted.seqs, end);
-            if end == n_prompt {
-                ready.push((p.prompted, batch.n_tokens() - 1));
-            } else {
-                waiting.push(p);
+        let mut waiting = Vec::with_capacity(self.prefilling.len());
+        for (p, last) in std::mem::take(&mut self.prefilling).into_iter().zip(lasts) {
+            match last {
+                Some(last) => ready.push((p.prompted, *last)),
+                None => waiting.push(p),
             }
         }
         self.prefilling = waiting;
-        Ok(ready)
+        ready
     }
 
     /// Takes sequences for `job` and, with the prefix cache (and `reuse`,

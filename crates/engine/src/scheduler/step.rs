@@ -67,11 +67,45 @@ impl Run<'_> {
                 self.forget(seq, ctx);
             }
         }
+        // Prompts on their way in take the rest of the batch. Not fewer
+        // beside running choices: with a KV stream per slot llama.cpp splits
+        // a batch into passes of equal tokens per sequence, so a prompt's
+        // chunk is a pass of its own whatever its size, and small chunks
+        // (tried: 4 tokens per running choice) made every step of 8 clients
+        // 2.4x slower while prompts came in.
+        let running_tokens: usize = drafts
+            .iter()
+            .zip(&lonely)
+            .map(|(d, lone)| (1 + d.tokens.len()) * (1 + usize::from(lone.is_some())))
+            .sum();
+        let takes = self.prompt_takes(self.batch_size.saturating_sub(running_tokens));
+        let mut chunks: Vec<(i32, usize, usize)> = (0..takes.len())
+            .filter(|&i| takes[i] > 0)
+            .map(|i| (self.prompt_seq(i), i, takes[i]))
+            .collect();
+        chunks.sort_unstable();
+        let mut chunks = chunks.into_iter().peekable();
+        let mut lasts = vec![None; takes.len()];
+        // The batch in the order of its sequences, the prompts' chunks among
+        // the running choices: llama.cpp passes only consecutive sequences
+        // together, so a prompt's first token rides in the running choices'
+        // pass rather than splitting it in two (at 32 clients a step with
+        // prompts in it was four passes of running choices, not one). In
+        // one shared cache, passes take tokens in any order, and cells are
+        // taken in the batch's: the prompts go after, as they always did.
+        let interleave = self.layout == Layout::PerSlot;
+        let mut starts = Vec::with_capacity(self.running.len());
         let mut ballast = Vec::new();
-        for ((c, draft), &lone) in self.running.iter().zip(&drafts).zip(&lonely) {
+        for i in 0..self.running.len() {
+            let seq = self.running[i].seq;
+            while let Some((_, p, take)) = chunks.next_if(|&(s, ..)| interleave && s < seq) {
+                lasts[p] = self.queue_prompt(p, take, batch)?;
+            }
+            let (c, draft, lone) = (&self.running[i], &drafts[i], lonely[i]);
             if let Some(state) = self.states.get_mut(&c.job) {
                 state.drafts.drafted += draft.offered as u32;
             }
+            starts.push(batch.n_tokens());
             add(batch, c.next, c.pos, c.seq)?;
             for (j, &token) in draft.tokens.iter().enumerate() {
                 add(batch, token, c.pos + 1 + j as i32, c.seq)?;
@@ -81,33 +115,21 @@ impl Run<'_> {
                 for j in 0..=draft.tokens.len() as i32 {
                     add(batch, c.next, pos + j, seq)?;
                 }
-                ballast.push((seq, pos, batch.n_tokens()));
+                ballast.push((seq, pos));
             }
         }
-        // Prompts on their way in take the rest of the batch. Not fewer
-        // beside running choices: with a KV stream per slot llama.cpp splits
-        // a batch into passes of equal tokens per sequence, so a prompt's
-        // chunk is a pass of its own whatever its size, and small chunks
-        // (tried: 4 tokens per running choice) made every step of 8 clients
-        // 2.4x slower while prompts came in.
-        let room = self.batch_size.saturating_sub(batch.n_tokens() as usize);
-        let prompted = self.queue_prompts(batch, room)?;
+        for (_, p, take) in chunks {
+            lasts[p] = self.queue_prompt(p, take, batch)?;
+        }
+        let prompted = self.queued_prompts(&lasts);
         // A call of prompts alone counts as prompt evaluation (`--verbose`).
         self.decode(ctx, batch, self.running.is_empty())?;
-        for &(seq, pos, _) in &ballast {
+        for &(seq, pos) in &ballast {
             ctx.clear_kv_cache_seq(Some(seq as u32), Some(pos as u32), None)
                 .map_err(|e| CmplError::internal(format!("KV removal: {e}")))?;
         }
         let running = std::mem::take(&mut self.running);
-        let mut first = 0;
-        let mut ballast = ballast.into_iter().peekable();
-        for (mut c, draft) in running.into_iter().zip(drafts) {
-            let idx = first;
-            first += 1 + draft.tokens.len() as i32;
-            // Past this choice's ballast, if it had one.
-            if let Some((_, _, end)) = ballast.next_if(|&(seq, ..)| seq == c.seq + 1) {
-                first = end;
-            }
+        for ((mut c, draft), idx) in running.into_iter().zip(drafts).zip(starts) {
             if !self.states.contains_key(&c.job) {
                 // Its job was cancelled earlier in this step.
                 self.release(c.seq, ctx);
