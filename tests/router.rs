@@ -431,6 +431,16 @@ fn a_models_folder_is_served_by_file_stem() {
     let (status, v) = ask(&s, "SmolLM2-135M-Instruct.Q4_1", 8);
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["choices"][0]["text"], alone(&second_model_path(), 8));
+    // The tokenizer of the model a query names, percent-encoded or not.
+    let info = |query: &str| s.send("GET", &format!("/tokenizer_info?{query}"), "", None);
+    let plain = info("model=SmolLM2-135M-Instruct.Q4_1");
+    assert_eq!(plain.0, 200, "{}", plain.1);
+    assert_eq!(info("model=SmolLM2%2d135M%2DInstruct.Q4_1"), plain);
+    assert_ne!(info(&format!("model={GEMMA}")).1, plain.1);
+    let (status, body) = info("model=Smol%zz");
+    assert_eq!(status, 400, "{body}");
+    let e: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(e["error"]["param"], "model", "{body}");
 }
 
 /// `--batch` lines naming each model, one JSON request a line.

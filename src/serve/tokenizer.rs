@@ -139,11 +139,23 @@ pub async fn detokenize(req: hyper::Request<Incoming>, shared: &Shared) -> Respo
 /// `GET /tokenizer_info`: the special tokens, the chat template, the context.
 /// Of the first model, or the one `?model=` names.
 pub async fn info(query: Option<&str>, shared: &Shared) -> Response {
+    let key = fields::MODEL.name;
     let named = query
         .into_iter()
         .flat_map(|q| q.split('&'))
-        .find_map(|pair| pair.strip_prefix("model="));
-    let (served, _hold) = match shared.model(named).await {
+        .find_map(|pair| pair.strip_prefix(key)?.strip_prefix('='))
+        .map(|v| {
+            percent_decoded(v).ok_or_else(|| {
+                let why = "is not a percent-encoded name (as encodeURIComponent writes one)";
+                CmplError::invalid(key, format!("`?{key}={v}` {why}"))
+            })
+        })
+        .transpose();
+    let named = match named {
+        Ok(named) => named,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+    };
+    let (served, _hold) = match shared.model(named.as_deref()).await {
         Ok(model) => model,
         Err((status, e)) => return error(status, &e),
     };
@@ -151,6 +163,25 @@ pub async fn info(query: Option<&str>, shared: &Shared) -> Response {
         StatusCode::OK,
         serde_json::to_string(&served.engine.tokenizer_info()).unwrap_or_default(),
     )
+}
+
+/// A query value as its sender meant it: `%XX` escapes and `+` for a space
+/// (a model file's stem may hold spaces); `None` where an escape is broken
+/// or the bytes are not UTF-8.
+fn percent_decoded(value: &str) -> Option<String> {
+    let mut bytes = Vec::with_capacity(value.len());
+    let mut rest = value.bytes();
+    while let Some(b) = rest.next() {
+        bytes.push(match b {
+            b'+' => b' ',
+            b'%' => {
+                let mut digit = || char::from(rest.next()?).to_digit(16);
+                (digit()? * 16 + digit()?) as u8
+            }
+            b => b,
+        });
+    }
+    String::from_utf8(bytes).ok()
 }
 
 /// The body, read within the server's bounds, as a JSON object.
@@ -226,5 +257,19 @@ mod tests {
         assert!(ids(None).is_err());
         let many = Value::Array(vec![json!(0); MAX_IDS + 1]);
         assert!(ids(Some(&many)).unwrap_err().message.contains("at most"));
+    }
+
+    #[test]
+    fn query_values_are_percent_decoded() {
+        assert_eq!(percent_decoded("gemma").as_deref(), Some("gemma"));
+        assert_eq!(
+            percent_decoded("my%20model+v2").as_deref(),
+            Some("my model v2")
+        );
+        assert_eq!(percent_decoded("caf%C3%A9").as_deref(), Some("café"));
+        assert_eq!(percent_decoded("a%2fb%2D").as_deref(), Some("a/b-"));
+        for broken in ["50%", "%2", "%zz", "%+5", "%C3"] {
+            assert_eq!(percent_decoded(broken), None, "{broken}");
+        }
     }
 }
