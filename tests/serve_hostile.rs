@@ -65,6 +65,47 @@ fn a_client_that_leaves_while_queued_costs_nothing() {
 }
 
 #[test]
+fn a_client_that_leaves_while_its_prompt_goes_in_costs_a_step_more() {
+    // A prompt of ~2,700 tokens goes in over several steps of 512.
+    let prompt = |w: &str| {
+        (0..450)
+            .map(|i| format!("{w}{i} is here,"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let server = Served::start(&[], &[]);
+    let started = Instant::now();
+    let body = json!({"prompt": prompt("word"), "max_tokens": 1});
+    let (status, text) = server.post(&body.to_string());
+    assert_eq!(status, 200, "{text}");
+    let whole = started.elapsed().as_secs_f64();
+    // Another such prompt, its client gone once it is admitted: dropped at
+    // the next step, not when its first token would have come.
+    let body = json!({"prompt": prompt("wxrd"), "max_tokens": 4, "stream": true});
+    let gone = send_raw(server.port, &body.to_string());
+    server.wait_metric("vllm:num_requests_running", |n| n == 1.0);
+    drop(gone);
+    let log = server.log_when(|l| l.contains(" 499 0 tokens "));
+    let line = log.lines().find(|l| l.contains(" 499 0 tokens ")).unwrap();
+    let secs: f64 = line
+        .split(" 499 0 tokens ")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        secs < whole / 2.0,
+        "{secs} s against {whole} s for a whole prompt: {log}"
+    );
+    // And the server goes on.
+    let (status, text) = server.post(&json!({"prompt": "Hi", "max_tokens": 2}).to_string());
+    assert_eq!(status, 200, "{text}");
+}
+
+#[test]
 fn an_engine_that_cannot_start_ends_the_server_before_it_listens() {
     // The KV memory check refuses: the error, exit 1, and never "serving".
     let out = cmpl(&["--serve", "127.0.0.1:0", "--ctx-size", "2000000000"]).run();

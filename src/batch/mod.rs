@@ -187,6 +187,7 @@ pub fn run(inv: &Invocation, config: &Config, files: &BatchFiles) -> Result<bool
                 reused += u64::from(result.reused);
                 prompt_tokens += u64::from(result.prompt_tokens);
             }
+            Event::Prefilling { .. } => return Ok(()),
             Event::Started { .. } | Event::Rejected { .. } => {}
         }
         let line = &mut meta[job];

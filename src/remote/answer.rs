@@ -345,6 +345,7 @@ mod tests {
                         result.choices[0].text, result.prompt_tokens, result.completion_tokens
                     ),
                     OwnedEvent::Rejected { error } => format!("rejected {}", error.message),
+                    OwnedEvent::Prefilling => "prefilling".to_string(),
                 };
                 (job, said)
             })

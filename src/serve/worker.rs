@@ -207,6 +207,9 @@ pub fn run(
             step.borrow_mut().forget(job);
             log(clients.remove(&job), 499, metrics);
             Err(cancelled())
+        } else if let Event::Prefilling { .. } = event {
+            // Only asked whether the client is still there.
+            Ok(())
         } else {
             match step.borrow_mut().pass(event) {
                 Pass::Held => Ok(()),

@@ -77,6 +77,10 @@ pub enum Event<'a> {
     },
     /// Every choice of the job finished.
     Done { job: usize, result: JobResult },
+    /// The job's prompt is still on its way in: its next chunk is about to
+    /// be decoded. Nothing to print; a sink that can tell its client left
+    /// answers `Cancelled`, and the work stops there.
+    Prefilling { job: usize },
 }
 
 impl<'a> Event<'a> {
@@ -86,7 +90,8 @@ impl<'a> Event<'a> {
             Event::Rejected { job: j, .. }
             | Event::Started { job: j, .. }
             | Event::Token { job: j, .. }
-            | Event::Done { job: j, .. } => *j = job,
+            | Event::Done { job: j, .. }
+            | Event::Prefilling { job: j } => *j = job,
         }
         self
     }
@@ -97,7 +102,8 @@ impl<'a> Event<'a> {
             Event::Rejected { job, .. }
             | Event::Started { job, .. }
             | Event::Token { job, .. }
-            | Event::Done { job, .. } => *job,
+            | Event::Done { job, .. }
+            | Event::Prefilling { job } => *job,
         }
     }
 }
@@ -130,6 +136,7 @@ pub enum OwnedEvent {
     Done {
         result: JobResult,
     },
+    Prefilling,
 }
 
 impl From<&Event<'_>> for OwnedEvent {
@@ -169,6 +176,7 @@ impl From<&Event<'_>> for OwnedEvent {
             Event::Done { result, .. } => OwnedEvent::Done {
                 result: result.clone(),
             },
+            Event::Prefilling { .. } => OwnedEvent::Prefilling,
         }
     }
 }
@@ -207,6 +215,7 @@ impl OwnedEvent {
                 usage,
             }),
             OwnedEvent::Done { result } => sink(Event::Done { job, result }),
+            OwnedEvent::Prefilling => sink(Event::Prefilling { job }),
         }
     }
 

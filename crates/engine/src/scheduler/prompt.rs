@@ -259,6 +259,36 @@ impl Run<'_> {
         Ok((end == n_prompt).then(|| batch.n_tokens() - 1))
     }
 
+    /// Asks each prompt on its way in whether its client is still there
+    /// (`Event::Prefilling`): one whose client left gives back its slots
+    /// and cells (what it decoded stays in the prefix cache) before another
+    /// chunk of it is decoded, rather than at its first token.
+    pub(super) fn drop_departed(&mut self, ctx: &mut LlamaContext, sink: &mut Sink) -> Result<()> {
+        let mut waiting = std::mem::take(&mut self.prefilling).into_iter();
+        let mut kept = Vec::with_capacity(waiting.len());
+        let mut failed = Ok(());
+        for p in waiting.by_ref() {
+            let told = sink(Event::Prefilling {
+                job: p.prompted.index,
+            });
+            if cancelled(&told) {
+                self.free_cells += self.pooled_cells(&p.prompted.job);
+                for &seq in &p.prompted.seqs {
+                    self.release(seq, ctx);
+                }
+                continue;
+            }
+            kept.push(p);
+            if told.is_err() {
+                failed = told;
+                break;
+            }
+        }
+        kept.extend(waiting);
+        self.prefilling = kept;
+        failed
+    }
+
     /// Takes the prompts whose last token is now in the batch (`lasts`:
     /// its index there, by [`Run::queue_prompt`], for each prompt on its
     /// way in) out of those on their way in.

@@ -38,6 +38,11 @@ impl Run<'_> {
         sink: &mut Sink,
     ) -> Result<()> {
         batch.clear();
+        self.drop_departed(ctx, sink)?;
+        if self.running.is_empty() && self.prefilling.is_empty() {
+            // The prompts' clients left: nothing to decode.
+            return Ok(());
+        }
         self.running.sort_unstable_by_key(|c| c.seq);
         let drafts = self.drafts()?;
         let add = |batch: &mut LlamaBatch, token: LlamaToken, pos: i32, seq: i32| {
