@@ -264,29 +264,22 @@ impl Run<'_> {
     /// and cells (what it decoded stays in the prefix cache) before another
     /// chunk of it is decoded, rather than at its first token.
     pub(super) fn drop_departed(&mut self, ctx: &mut LlamaContext, sink: &mut Sink) -> Result<()> {
-        let mut waiting = std::mem::take(&mut self.prefilling).into_iter();
-        let mut kept = Vec::with_capacity(waiting.len());
-        let mut failed = Ok(());
-        for p in waiting.by_ref() {
-            let told = sink(Event::Prefilling {
-                job: p.prompted.index,
-            });
+        let mut i = 0;
+        while i < self.prefilling.len() {
+            let job = self.prefilling[i].prompted.index;
+            let told = sink(Event::Prefilling { job });
             if cancelled(&told) {
-                self.free_cells += self.pooled_cells(&p.prompted.job);
-                for &seq in &p.prompted.seqs {
+                let gone = self.prefilling.remove(i).prompted;
+                self.free_cells += self.pooled_cells(&gone.job);
+                for seq in gone.seqs {
                     self.release(seq, ctx);
                 }
                 continue;
             }
-            kept.push(p);
-            if told.is_err() {
-                failed = told;
-                break;
-            }
+            told?;
+            i += 1;
         }
-        kept.extend(waiting);
-        self.prefilling = kept;
-        failed
+        Ok(())
     }
 
     /// Takes the prompts whose last token is now in the batch (`lasts`:

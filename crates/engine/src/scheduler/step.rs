@@ -39,7 +39,7 @@ impl Run<'_> {
     ) -> Result<()> {
         batch.clear();
         self.drop_departed(ctx, sink)?;
-        if self.running.is_empty() && self.prefilling.is_empty() {
+        if self.idle() {
             // The prompts' clients left: nothing to decode.
             return Ok(());
         }
